@@ -1,0 +1,82 @@
+# localinference.vllm — the two commands are `make lab` and `make test`.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV        := .venv
+BIN         := $(VENV)/bin
+LAB         := .lab
+COLLECTION  := $(LAB)/collections/ansible_collections/localinference/vllm
+SANITY_ROOT := $(LAB)/sanity/ansible_collections/localinference/vllm
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export PODMAN_IGNORE_CGROUPSV1_WARNING := 1
+MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
+LAB_INVENTORY := inventories/lab/hosts.yml
+
+.PHONY: help bootstrap images lab lab-up lab-down lab-clean test test-unit lint sanity \
+        test-molecule test-lab build
+
+help:
+	@echo "make lab        build the two-node lab and run site.yml against it (leaves it up)"
+	@echo "make test       unit tests, ansible-lint, ansible-test sanity, molecule test"
+	@echo "make lab-up     create the lab hosts only;  make lab-down  remove the lab"
+	@echo "make test-lab   the lab tests (tests/lab) against a lab made by 'make lab'"
+
+$(BIN)/ansible-playbook: requirements.txt
+	python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+$(COLLECTION):
+	mkdir -p $(dir $@)
+	ln -sfn $(CURDIR) $@
+
+bootstrap: $(BIN)/ansible-playbook $(COLLECTION)
+
+images: bootstrap
+	bash molecule/default/host-image.sh
+	bash lab/bin/lab-assets
+
+lab-up: images
+	$(MOLECULE) create
+	$(MOLECULE) prepare --force
+
+lab: lab-up
+	$(BIN)/ansible-playbook -i $(LAB_INVENTORY) playbooks/site.yml | tee $(LAB)/site.log
+	@bash lab/bin/lab-summary
+
+lab-down: bootstrap
+	$(MOLECULE) destroy
+	rm -f $(LAB)/endpoint
+
+lab-clean: lab-down
+	podman rmi --ignore localhost/localinference-lab-host:trixie localhost/localinference-vllm-cpu:0.32.0
+	rm -rf $(LAB)
+
+test: test-unit lint sanity test-molecule
+
+test-unit: bootstrap
+	$(BIN)/pytest tests/unit -q
+	$(BIN)/ruff check .
+
+lint: bootstrap
+	$(BIN)/ansible-lint
+
+# ansible-test wants the collection under ansible_collections/<ns>/<name>; run
+# it on a copy of the tracked files, locally (no Docker).
+sanity: bootstrap
+	rm -rf $(SANITY_ROOT) && mkdir -p $(SANITY_ROOT)
+	git ls-files -z --cached --others --exclude-standard | rsync -a --from0 --files-from=- ./ $(SANITY_ROOT)/
+	cd $(SANITY_ROOT) && git init -q && git add -A && \
+	  $(CURDIR)/$(BIN)/ansible-test sanity --local --python 3.11 --color no \
+	    --skip-test pylint --skip-test shellcheck
+
+test-molecule: images
+	$(MOLECULE) test
+
+test-lab: bootstrap
+	$(BIN)/pytest tests/lab -q -p no:cacheprovider
+
+build: bootstrap
+	$(BIN)/ansible-galaxy collection build --force --output-path $(LAB)
