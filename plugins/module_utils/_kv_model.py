@@ -1,0 +1,439 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The KV model: what one request costs and how many fit, from vLLM's own reports.
+
+vLLM reports ``T`` tokens of KV cache and a concurrency ``C = T / L`` for a
+``max_model_len`` of ``L``. One full-length request costs ``m(L) = a + b*L``
+GiB per rank (``a = 0`` for plain attention; a hybrid cache such as DeepSeek
+V4's has a fixed part), so a rank with ``M`` GiB of KV memory holds
+``C = M / (a + b*L)`` requests and ``T = C * L`` tokens.
+
+Observations are per rank and per boot. A boot is as strong as its weakest
+rank (vLLM uses the smallest block count across ranks), and a plan is as safe
+as its worst boot. Without ``kv_memory_gib`` the model works in tokens: each
+boot keeps its token count at any L (``a = 0``, one token unit per token),
+which is exact for plain attention and is said to be an assumption otherwise.
+
+This is the one home of the arithmetic: the kv_budget module, the kv filters
+and the calibration benchmark call it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 1024**3
+
+
+class KvInputError(ValueError):
+    """Bad input; the message names the option and the fix."""
+
+
+@dataclass
+class Boot:
+    """One boot: the weakest rank's memory and the engine's token count."""
+
+    key: str
+    max_model_len: int
+    kv_tokens: int
+    memory_gib: float | None
+    weakest_rank: int | None
+    host: str | None
+    version: str | None
+    profiling_skipped: bool
+
+
+@dataclass
+class Fit:
+    """Per-request memory ``a + b*L``; in token mode memory is counted in tokens."""
+
+    mode: str  # "memory" (GiB per rank) or "tokens"
+    a: float
+    b: float
+    calibrated: bool
+    points: int
+    distinct_lengths: int
+    fit_error: float  # largest relative error of predicted tokens over the observations
+    notes: list[str] = field(default_factory=list)
+
+    def per_request(self, length: int) -> float:
+        return self.a + self.b * length
+
+    def as_dict(self) -> dict[str, Any]:
+        unit = "GiB" if self.mode == "memory" else "tokens"
+        out: dict[str, Any] = {
+            "mode": self.mode,
+            "unit": unit,
+            "a": round(self.a, 6),
+            "b": self.b,
+            "calibrated": self.calibrated,
+            "points": self.points,
+            "distinct_lengths": self.distinct_lengths,
+            "fit_error": round(self.fit_error, 6),
+            "notes": list(self.notes),
+        }
+        if self.mode == "memory" and self.b > 0:
+            out["tokens_per_gib"] = round(1.0 / self.b, 1)
+            out["kib_per_token"] = round(self.b * 1024 * 1024, 3)
+        return out
+
+
+def _number(value: Any, name: str, minimum: float = 0.0, strict: bool = False) -> float:
+    if isinstance(value, bool) or value is None:
+        raise KvInputError(f"{name} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise KvInputError(f"{name} must be a number, got {value!r}") from exc
+    if math.isnan(number) or number < minimum or (strict and number <= minimum):
+        relation = "greater than" if strict else "at least"
+        raise KvInputError(f"{name} must be {relation} {minimum:g}, got {value!r}")
+    return number
+
+
+def normalise_observations(raw: list[Any], name: str = "observations") -> list[dict[str, Any]]:
+    """Validate observation entries; errors name the entry and field."""
+    if not isinstance(raw, list):
+        raise KvInputError(f"{name} must be a list of observation dicts")
+    entries = []
+    for index, item in enumerate(raw):
+        where = f"{name}[{index}]"
+        if not isinstance(item, dict):
+            raise KvInputError(f"{where} must be a dict with max_model_len and kv_tokens")
+        for required in ("max_model_len", "kv_tokens"):
+            if item.get(required) is None:
+                raise KvInputError(
+                    f"{where}.{required} is missing: each observation needs max_model_len and"
+                    " kv_tokens as vLLM reported them (see vllm_log_facts)"
+                )
+        entry = dict(item)
+        entry["max_model_len"] = int(_number(item["max_model_len"], f"{where}.max_model_len", 1))
+        entry["kv_tokens"] = int(_number(item["kv_tokens"], f"{where}.kv_tokens", 1))
+        for key in ("kv_memory_gib", "available_kv_gib"):
+            if item.get(key) is not None:
+                entry[key] = _number(item[key], f"{where}.{key}", 0.0, strict=True)
+        entries.append(entry)
+    return entries
+
+
+def group_boots(observations: list[dict[str, Any]]) -> list[Boot]:
+    """Group per-rank entries into boots; each boot keeps its weakest rank.
+
+    Entries of one boot share ``recorded_at`` (and ``recipe_hash``); entries
+    without ``recorded_at`` are boots of their own.
+    """
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for index, entry in enumerate(observations):
+        stamp = entry.get("recorded_at")
+        key = (
+            f"{stamp}|{entry.get('recipe_hash')}|{entry['max_model_len']}" if stamp else f"#{index}"
+        )
+        grouped.setdefault(key, []).append(entry)
+    boots = []
+    for key, ranks in grouped.items():
+        memories = [
+            (r.get("kv_memory_gib", r.get("available_kv_gib")), r.get("rank"), r.get("host"))
+            for r in ranks
+        ]
+        known = [m for m in memories if m[0] is not None]
+        weakest = min(known, key=lambda m: m[0]) if known else (None, ranks[0].get("rank"), None)
+        boots.append(
+            Boot(
+                key=key,
+                max_model_len=ranks[0]["max_model_len"],
+                kv_tokens=min(r["kv_tokens"] for r in ranks),
+                memory_gib=weakest[0],
+                weakest_rank=weakest[1],
+                host=weakest[2] or ranks[0].get("host"),
+                version=ranks[0].get("version"),
+                profiling_skipped=any(bool(r.get("profiling_skipped")) for r in ranks),
+            )
+        )
+    return boots
+
+
+def _relative_error(fit: Fit, points: list[tuple[int, float, int]]) -> float:
+    worst = 0.0
+    for length, memory, tokens in points:
+        predicted = predict_tokens(fit, memory, length)
+        worst = max(worst, abs(predicted - tokens) / tokens)
+    return worst
+
+
+def fit_boots(boots: list[Boot]) -> Fit:
+    """Least-squares fit of ``m(L) = a + b*L`` over boots that report memory."""
+    points = [(b.max_model_len, b.memory_gib, b.kv_tokens) for b in boots if b.memory_gib]
+    if not points:
+        notes = [
+            "no observation carries kv_memory_gib: planning in tokens, assuming each boot's"
+            " token count does not depend on max_model_len (exact for plain attention; a hybrid"
+            " cache such as DeepSeek V4's holds fewer tokens at a shorter context)"
+        ]
+        fit = Fit(
+            "tokens", 0.0, 1.0, False, len(boots), len({b.max_model_len for b in boots}), 0.0, notes
+        )
+        return fit
+    # per-request memory at each boot's own L: m = M / C = M * L / T
+    lengths = [float(p[0]) for p in points]
+    costs = [p[1] * p[0] / p[2] for p in points]
+    distinct = len(set(lengths))
+    notes: list[str] = []
+    if distinct >= 2:
+        mean_l = statistics.fmean(lengths)
+        mean_m = statistics.fmean(costs)
+        sxx = sum((x - mean_l) ** 2 for x in lengths)
+        sxy = sum((x - mean_l) * (y - mean_m) for x, y in zip(lengths, costs, strict=True))
+        b = sxy / sxx
+        a = mean_m - b * mean_l
+        if a < 0 or b <= 0:
+            notes.append(
+                f"least squares gave a={a:.4g}, b={b:.4g}; refitted through the origin (a=0)"
+            )
+            b = sum(x * y for x, y in zip(lengths, costs, strict=True)) / sum(
+                x * x for x in lengths
+            )
+            a = 0.0
+        calibrated = True
+    else:
+        a = 0.0
+        b = statistics.fmean(c / x for c, x in zip(costs, lengths, strict=True))
+        calibrated = False
+        notes.append(
+            "one distinct max_model_len observed: assuming no fixed per-request cost (a=0);"
+            " boot once more at another max_model_len to calibrate"
+        )
+    fit = Fit("memory", a, b, calibrated, len(points), distinct, 0.0, notes)
+    fit.fit_error = _relative_error(fit, points)
+    return fit
+
+
+def boot_memory(fit: Fit, boot: Boot) -> float:
+    """The boot's KV memory in the fit's unit (inferred from tokens when not logged)."""
+    if fit.mode == "tokens":
+        return float(boot.kv_tokens)
+    if boot.memory_gib:
+        return boot.memory_gib
+    return boot.kv_tokens * fit.per_request(boot.max_model_len) / boot.max_model_len
+
+
+def predict_concurrency(fit: Fit, memory: float, length: int) -> float:
+    """Full-length requests of ``length`` tokens that ``memory`` holds."""
+    return memory / fit.per_request(length)
+
+
+def predict_tokens(fit: Fit, memory: float, length: int) -> int:
+    """vLLM's reported KV cache size for ``memory`` at ``max_model_len = length``."""
+    return int(predict_concurrency(fit, memory, length) * length)
+
+
+def max_length_for(fit: Fit, memory: float, concurrency: float, granularity: int) -> int:
+    """Largest multiple of ``granularity`` at which ``memory`` holds ``concurrency`` requests."""
+    budget = memory / concurrency - fit.a
+    if budget <= 0:
+        return 0
+    limit = budget / fit.b
+    length = int(limit // granularity) * granularity
+    # guard the float edge: the chosen length must really meet the concurrency
+    while length > 0 and predict_concurrency(fit, memory, length) < concurrency - 1e-12:
+        length -= granularity
+    return length
+
+
+def sequence_tokens(fit: Fit, memory: float, sequences: int) -> float:
+    """Tokens each of ``sequences`` concurrent sequences may hold in ``memory``."""
+    budget = memory / sequences - fit.a
+    return budget / fit.b if budget > 0 else 0.0
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Worst, median and best of per-boot values."""
+    return {
+        "worst": min(values),
+        "median": statistics.median(values),
+        "best": max(values),
+    }
+
+
+def scheduled_tokens(
+    max_num_batched_tokens: int, max_num_seqs: int, speculative_tokens: int, parallel_drafting: bool
+) -> int:
+    """Tokens the scheduler may schedule per step.
+
+    With parallel drafting vLLM reserves ``K - 1`` extra slots per sequence
+    (seed 002: 8192 - 4 * 2 = 8184 with K = 5 and two sequences).
+    """
+    if not parallel_drafting or speculative_tokens <= 1:
+        return max_num_batched_tokens
+    return max_num_batched_tokens - (speculative_tokens - 1) * max_num_seqs
+
+
+_LADDER = (
+    4096,
+    8192,
+    16384,
+    24576,
+    32768,
+    49152,
+    65536,
+    98304,
+    131072,
+    196608,
+    262144,
+    393216,
+    524288,
+    786432,
+    1048576,
+)
+
+
+def context_options(chosen: int, granularity: int, extra: tuple[int, ...] = ()) -> list[int]:
+    """Context lengths worth showing around the chosen one."""
+    low, high = max(granularity, chosen // 4), max(chosen * 2, granularity * 2)
+    values = {n for n in _LADDER if low <= n <= high and n % granularity == 0}
+    values.update(n for n in extra if n > 0)
+    if chosen > 0:
+        values.add(chosen)
+    return sorted(values)
+
+
+def _floor(value: float, granularity: int) -> int:
+    return int(value // granularity) * granularity
+
+
+def plan_kv(
+    observations: list[Any] | None,
+    available_kv_gib: float | None = None,
+    per_token_kib: float | None = None,
+    min_concurrency: float = 1.0,
+    preferred_concurrency: float | None = None,
+    granularity: int = 1024,
+    model_max_len: int | None = None,
+    min_length: int = 0,
+    memory_source: str = "available_kv_gib",
+) -> dict[str, Any]:
+    """The context plan: the largest ``max_model_len`` the worst boot holds.
+
+    ``min_length`` is the shortest context the client needs; a preferred
+    concurrency is only honoured when it leaves at least that much.
+    """
+    _number(min_concurrency, "min_concurrency", 0.0, strict=True)
+    if preferred_concurrency is not None:
+        _number(preferred_concurrency, "preferred_concurrency", 0.0, strict=True)
+    if int(granularity) < 1:
+        raise KvInputError(f"granularity must be a positive integer, got {granularity!r}")
+    if available_kv_gib is not None:
+        _number(available_kv_gib, memory_source, 0.0, strict=True)
+    if per_token_kib is not None:
+        _number(per_token_kib, "per_token_kib", 0.0, strict=True)
+    boots = group_boots(normalise_observations(observations or []))
+    if boots:
+        fit = fit_boots(boots)
+    elif available_kv_gib is None:
+        raise KvInputError(
+            "no observations and no available_kv_gib: pass observations (vllm_log_facts after a"
+            " boot, or inventory kv_observations) or available_kv_gib with per_token_kib"
+        )
+    else:
+        fit = Fit("tokens", 0.0, 1.0, False, 0, 0, 0.0, [])
+    if available_kv_gib is not None and fit.mode == "tokens":
+        if per_token_kib is None:
+            raise KvInputError(
+                f"{memory_source} needs a per-token cost: pass per_token_kib, or observations"
+                " that carry kv_memory_gib"
+            )
+        fit = Fit(
+            "memory",
+            0.0,
+            per_token_kib / (1024 * 1024),
+            False,
+            0,
+            0,
+            0.0,
+            ["per-token cost from per_token_kib, assuming no fixed per-request cost (a=0)"],
+        )
+    if available_kv_gib is not None:
+        memories = [float(available_kv_gib)]
+        source = memory_source
+    else:
+        memories = [boot_memory(fit, boot) for boot in boots]
+        source = "observations"
+    worst = min(memories)
+    levels = spread(memories)
+    cap = _floor(model_max_len, granularity) if model_max_len else None
+
+    def longest(concurrency: float) -> int:
+        length = max_length_for(fit, worst, concurrency, granularity)
+        return min(length, cap) if cap else length
+
+    guaranteed = longest(min_concurrency)
+    chosen, preferred_met = guaranteed, None
+    preferred_len = None
+    if preferred_concurrency is not None:
+        preferred_len = longest(preferred_concurrency)
+        preferred_met = preferred_len >= max(min_length, granularity)
+        if preferred_met:
+            chosen = min(guaranteed, preferred_len)
+
+    def at(length: int) -> dict[str, Any]:
+        conc = {k: round(predict_concurrency(fit, m, length), 4) for k, m in levels.items()}
+        tokens = {k: predict_tokens(fit, m, length) for k, m in levels.items()}
+        return {"max_model_len": length, "concurrency": conc, "kv_tokens": tokens}
+
+    sequences = []
+    step = min(granularity, 1024)
+    if chosen > 0:
+        for count in (1, 2, 4):
+            each = min(chosen, _floor(sequence_tokens(fit, worst, count), step))
+            sequences.append(
+                {"sequences": count, "tokens_per_sequence": each, "total_tokens": each * count}
+            )
+    options = []
+    for length in context_options(chosen, granularity, (guaranteed, preferred_len or 0)):
+        row = at(length)
+        row["meets_min_concurrency"] = row["concurrency"]["worst"] >= min_concurrency
+        row["meets_preferred_concurrency"] = (
+            None
+            if preferred_concurrency is None
+            else row["concurrency"]["worst"] >= preferred_concurrency
+        )
+        row["chosen"] = length == chosen
+        options.append(row)
+    ordered = sorted(boots, key=lambda b: boot_memory(fit, b))
+    return {
+        "max_model_len": chosen,
+        "guaranteed_max_model_len": guaranteed,
+        "preferred_max_model_len": preferred_len,
+        "preferred_met": preferred_met,
+        "calibrated": fit.calibrated,
+        "model": fit.as_dict(),
+        "memory_source": source,
+        "memory": {k: round(v, 4) for k, v in levels.items()},
+        "concurrency": at(chosen)["concurrency"] if chosen else {},
+        "kv_tokens": at(chosen)["kv_tokens"] if chosen else {},
+        "active_sequences": sequences,
+        "options": options,
+        "boots": [
+            {
+                "max_model_len": b.max_model_len,
+                "kv_tokens": b.kv_tokens,
+                "memory": round(boot_memory(fit, b), 4),
+                "memory_logged": b.memory_gib is not None,
+                "weakest_rank": b.weakest_rank,
+                "host": b.host,
+                "version": b.version,
+                "profiling_skipped": b.profiling_skipped,
+            }
+            for b in ordered
+        ],
+        "_fit": fit,
+        "_levels": levels,
+    }
+
+
+def concurrency_at(plan: dict[str, Any], length: int) -> dict[str, float]:
+    """Worst/median/best concurrency of a plan at another context length."""
+    fit: Fit = plan["_fit"]
+    return {k: predict_concurrency(fit, m, length) for k, m in plan["_levels"].items()}

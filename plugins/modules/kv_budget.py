@@ -1,0 +1,411 @@
+#!/usr/bin/python
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: kv_budget
+short_description: Plan max_model_len, concurrency and the opencode client budget from vLLM's reports
+version_added: 0.1.0
+description:
+  - Fits memory per request M(L) = a + b*L from observed boots (vLLM's reported KV tokens at a
+    C(max_model_len), with KV memory per rank when known) and picks the largest C(max_model_len)
+    that is a multiple of O(granularity) and meets O(min_concurrency) at the worst observed boot
+    and weakest rank.
+  - Without C(kv_memory_gib) in the observations it plans in tokens, assuming a boot's token count
+    does not depend on C(max_model_len), and says so in RV(model.notes).
+  - Computes the tokens vLLM schedules per step under parallel drafting, an active-sequence table,
+    opencode's C(limit.*) and C(compaction.reserved) for the chosen context, and lints a recipe
+    against the failure catalog (F1 F2 F3 F6 F8 F9 F12 F14 F15 F16 F17).
+  - Runs on the controller; reads and changes nothing.
+author:
+  - localinference.vllm developers
+extends_documentation_fragment:
+  - localinference.vllm.attributes
+  - localinference.vllm.attributes.INFO
+options:
+  observations:
+    description:
+      - Observed boots, one entry per rank and boot, as written to
+        C(/var/lib/localinference/observations.json) or set in inventory C(kv_observations).
+      - Each entry needs C(max_model_len) and C(kv_tokens); C(kv_memory_gib) (or
+        C(available_kv_gib)) enables the memory model. Entries of one boot share C(recorded_at).
+    type: list
+    elements: dict
+    default: []
+  available_kv_gib:
+    description:
+      - KV memory per rank the next boot will have, in GiB. Overrides the observed boots' memory;
+        observations still calibrate the per-request cost.
+      - Defaults to C(recipe.kv_cache_memory_bytes) when the recipe pins it and the model is in GiB.
+    type: float
+  per_token_kib:
+    description:
+      - KV bytes per token per rank, in KiB, used with O(available_kv_gib) when no observation
+        carries memory (an uncalibrated plan, a=0).
+    type: float
+  min_concurrency:
+    description: Full-length requests the worst boot must hold; 1.0 guarantees a start.
+    type: float
+    default: 1.0
+  preferred_concurrency:
+    description:
+      - Concurrency wanted at the worst boot for prefix-cache headroom. Honoured only when the
+        shorter context still satisfies the client budget; see RV(preferred_met).
+    type: float
+  granularity:
+    description: C(max_model_len) is a multiple of this.
+    type: int
+    default: 1024
+  model_max_len:
+    description: The model's own maximum context (C(max_position_embeddings)); caps the plan.
+    type: int
+  max_num_seqs:
+    description: Sequences vLLM admits at once. Defaults to C(recipe.max_num_seqs).
+    type: int
+  max_num_batched_tokens:
+    description: vLLM's batched-token cap. Defaults to C(recipe.max_num_batched_tokens).
+    type: int
+  speculative_tokens:
+    description: Draft tokens per step. Defaults to C(recipe.speculative_config.num_speculative_tokens).
+    type: int
+  parallel_drafting:
+    description: Whether drafts are proposed in parallel. Defaults to C(recipe.speculative_config.parallel_drafting).
+    type: bool
+  prompt_floor:
+    description:
+      - The client's first request in tokens (system prompt plus tool schemas), measured from a real
+        request's C(usage.prompt_tokens). A rejection message's "at least N" is only a lower bound.
+    type: int
+  output_tokens:
+    description: opencode C(limit.output). Chosen by the plan when omitted.
+    type: int
+  reserved_tokens:
+    description: opencode C(compaction.reserved). Defaults to opencode's own C(min(20000, output)).
+    type: int
+  client_limits:
+    description:
+      - An existing opencode model config to check (F8, F9) against the chosen context.
+      - Keys C(context), C(output) (required), C(input), C(reserved).
+    type: dict
+  recipe:
+    description: The inventory recipe C(vllm_recipe) (vLLM option names with underscores) to lint.
+    type: dict
+    default: {}
+  host_limits:
+    description:
+      - Host limits for the offload check (F16), for example from preflight facts, in bytes.
+      - Keys C(shm_size_bytes), C(shm_free_bytes), C(memlock_bytes) (C(-1) or C(unlimited) for no
+        limit) and C(mem_available_bytes); missing keys are not checked.
+    type: dict
+notes:
+  - The arithmetic lives in C(module_utils/_kv_model.py), C(_client_budget.py) and
+    C(_recipe_lint.py); the C(localinference.vllm.kv_*) filters call the same code.
+"""
+
+EXAMPLES = r"""
+- name: Plan from four profiled boots (seed 000), tokens only
+  localinference.vllm.kv_budget:
+    observations:
+      - {max_model_len: 24576, kv_tokens: 26890}
+      - {max_model_len: 16384, kv_tokens: 33932}
+      - {max_model_len: 24576, kv_tokens: 34887}
+      - {max_model_len: 24576, kv_tokens: 47930}
+    granularity: 8192
+    prompt_floor: 8193
+    recipe: "{{ vllm_recipe }}"
+  register: plan
+
+- name: Plan a pinned KV size from a calibrated build
+  localinference.vllm.kv_budget:
+    observations: "{{ kv_observations }}"
+    available_kv_gib: 8.59
+    max_num_batched_tokens: 8192
+    max_num_seqs: 2
+    speculative_tokens: 5
+    parallel_drafting: true
+"""
+
+RETURN = r"""
+max_model_len:
+  description: The chosen context; 0 when not even one request of O(granularity) tokens fits.
+  returned: always
+  type: int
+  sample: 24576
+served_max_model_len:
+  description:
+    - The context the server will run - C(recipe.max_model_len) when it is a number, else
+      RV(max_model_len); RV(client) is computed for it.
+  returned: always
+  type: int
+guaranteed_max_model_len:
+  description: The largest context meeting O(min_concurrency) at the worst boot.
+  returned: always
+  type: int
+preferred_max_model_len:
+  description: The largest context meeting O(preferred_concurrency) at the worst boot.
+  returned: always
+  type: int
+preferred_met:
+  description: Whether O(preferred_concurrency) was honoured; null when not asked.
+  returned: always
+  type: bool
+calibrated:
+  description: True when at least two boots at distinct C(max_model_len) carry KV memory.
+  returned: always
+  type: bool
+model:
+  description:
+    - The fit M(L) = a + b*L per rank; C(mode) is C(memory) (GiB) or C(tokens), C(fit_error) the
+      largest relative error of predicted tokens over the observations, C(notes) the assumptions.
+  returned: always
+  type: dict
+memory_source:
+  description: C(observations), C(available_kv_gib) or C(recipe.kv_cache_memory_bytes).
+  returned: always
+  type: str
+memory:
+  description: Worst, median and best KV memory per rank (in the model's unit).
+  returned: always
+  type: dict
+concurrency:
+  description: Full-length requests at the chosen context at the worst, median and best boot.
+  returned: always
+  type: dict
+  sample: {worst: 1.094, median: 1.4001, best: 1.9503}
+kv_tokens:
+  description: Predicted vLLM KV cache tokens at the chosen context (worst, median, best).
+  returned: always
+  type: dict
+options:
+  description:
+    - Context lengths around the chosen one with C(concurrency), C(kv_tokens),
+      C(meets_min_concurrency), C(meets_preferred_concurrency), C(client_ok) and C(chosen).
+  returned: always
+  type: list
+  elements: dict
+active_sequences:
+  description: Tokens per sequence when one, two or four sequences share the worst boot's cache.
+  returned: always
+  type: list
+  elements: dict
+scheduled_tokens:
+  description: Tokens scheduled per step (max_num_batched_tokens - (K-1)*max_num_seqs with parallel drafting); null when max_num_batched_tokens is unknown.
+  returned: always
+  type: int
+  sample: 8184
+client:
+  description:
+    - opencode limits for the chosen context - C(context), C(input), C(output), C(reserved) and the
+      resulting C(working_budget); C(ok), C(reason), C(needed_context), C(additional_context_needed).
+  returned: always
+  type: dict
+violations:
+  description: Failure-catalog findings C({id, severity, message}); severity is C(error) or C(warning).
+  returned: always
+  type: list
+  elements: dict
+boots:
+  description: The observed boots, weakest first, with the memory used for each.
+  returned: always
+  type: list
+  elements: dict
+feasible:
+  description: True when a context exists and no violation has severity C(error).
+  returned: always
+  type: bool
+"""
+
+from typing import Any  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.localinference.vllm.plugins.module_utils._client_budget import (  # noqa: E402
+    MIN_OUTPUT,
+    ClientInputError,
+    check_client_limits,
+    needed_context,
+    plan_client,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (  # noqa: E402
+    GIB,
+    KvInputError,
+    concurrency_at,
+    plan_kv,
+    scheduled_tokens,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint import (  # noqa: E402
+    RecipeInputError,
+    lint_context,
+    lint_offload,
+    lint_scheduling,
+    lint_static,
+    parse_size,
+    recipe_max_model_len,
+    speculative_settings,
+)
+
+ARGUMENT_SPEC: dict[str, Any] = {
+    "observations": {"type": "list", "elements": "dict", "default": []},
+    "available_kv_gib": {"type": "float"},
+    "per_token_kib": {"type": "float"},
+    "min_concurrency": {"type": "float", "default": 1.0},
+    "preferred_concurrency": {"type": "float"},
+    "granularity": {"type": "int", "default": 1024},
+    "model_max_len": {"type": "int"},
+    "max_num_seqs": {"type": "int"},
+    "max_num_batched_tokens": {"type": "int"},
+    "speculative_tokens": {"type": "int"},
+    "parallel_drafting": {"type": "bool"},
+    "prompt_floor": {"type": "int"},
+    "output_tokens": {"type": "int"},
+    "reserved_tokens": {"type": "int"},
+    "client_limits": {"type": "dict"},
+    "recipe": {"type": "dict", "default": {}},
+    "host_limits": {"type": "dict"},
+}
+
+
+def _effective_recipe(params: dict[str, Any]) -> dict[str, Any]:
+    recipe = dict(params["recipe"] or {})
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        if params[key] is not None:
+            recipe[key] = params[key]
+    if params["speculative_tokens"] is not None or params["parallel_drafting"] is not None:
+        spec = dict(recipe.get("speculative_config") or {})
+        if params["speculative_tokens"] is not None:
+            spec["num_speculative_tokens"] = params["speculative_tokens"]
+        if params["parallel_drafting"] is not None:
+            spec["parallel_drafting"] = params["parallel_drafting"]
+        recipe["speculative_config"] = spec
+    return recipe
+
+
+def _client_violations(client: dict[str, Any], length: int) -> list[dict[str, str]]:
+    found = []
+    floor = client["prompt_floor"]
+    if client["ok"] is not False:
+        return found
+    if floor + client["output"] > length:
+        found.append(
+            {
+                "id": "F8",
+                "severity": "error",
+                "message": f"prompt floor {floor} + output_tokens {client['output']} ="
+                f" {floor + client['output']} > max_model_len {length}: full requests overflow;"
+                f" lower output_tokens or raise max_model_len by"
+                f" {client['additional_context_needed']}",
+            }
+        )
+    found.append(
+        {
+            "id": "F9",
+            "severity": "error",
+            "message": f"no sound opencode budget at max_model_len {length}: {client['reason']};"
+            f" {client['additional_context_needed']} more tokens of context are needed"
+            f" ({client['needed_context']})",
+        }
+    )
+    return found
+
+
+def compute(params: dict[str, Any]) -> dict[str, Any]:
+    """The whole kv_budget result; raises *InputError with the option named."""
+    recipe = _effective_recipe(params)
+    floor = params["prompt_floor"]
+    for name in ("prompt_floor", "output_tokens", "reserved_tokens", "model_max_len"):
+        if params[name] is not None and params[name] < 0:
+            raise KvInputError(f"{name} must not be negative, got {params[name]}")
+    explicit = recipe_max_model_len(recipe)
+    if explicit is not None and floor is not None and explicit < floor:
+        raise KvInputError(
+            f"recipe.max_model_len {explicit} is below prompt_floor {floor}: every agent request"
+            " would be rejected; raise max_model_len (or set it to plan) or re-measure prompt_floor"
+        )
+    memory, source = params["available_kv_gib"], "available_kv_gib"
+    if memory is None and recipe.get("kv_cache_memory_bytes") is not None:
+        pinned = parse_size(recipe["kv_cache_memory_bytes"], "recipe.kv_cache_memory_bytes")
+        has_memory = any(
+            isinstance(o, dict) and (o.get("kv_memory_gib") or o.get("available_kv_gib"))
+            for o in params["observations"]
+        )
+        if has_memory or params["per_token_kib"]:
+            memory, source = pinned / GIB, "recipe.kv_cache_memory_bytes"
+    min_length = 0
+    if floor is not None:
+        output = params["output_tokens"] if params["output_tokens"] is not None else MIN_OUTPUT
+        min_length = needed_context(floor, output, params["reserved_tokens"])
+    plan = plan_kv(
+        params["observations"],
+        available_kv_gib=memory,
+        per_token_kib=params["per_token_kib"],
+        min_concurrency=params["min_concurrency"],
+        preferred_concurrency=params["preferred_concurrency"],
+        granularity=params["granularity"],
+        model_max_len=params["model_max_len"],
+        min_length=min_length,
+        memory_source=source,
+    )
+    length = plan["max_model_len"]
+    served = explicit or length
+    client = plan_client(served, floor, params["output_tokens"], params["reserved_tokens"])
+    for row in plan["options"]:
+        row["client_ok"] = plan_client(
+            row["max_model_len"], floor, params["output_tokens"], params["reserved_tokens"]
+        )["ok"]
+    tokens, parallel = speculative_settings(recipe)
+    batched = recipe.get("max_num_batched_tokens")
+    scheduled = None
+    if batched is not None:
+        scheduled = scheduled_tokens(
+            int(batched), int(recipe.get("max_num_seqs") or 1), tokens, parallel
+        )
+    violations: list[dict[str, str]] = []
+    if length <= 0:
+        fit = plan["model"]
+        violations.append(
+            {
+                "id": "F12",
+                "severity": "error",
+                "message": f"the worst boot ({plan['memory']['worst']} {fit['unit']} per rank)"
+                f" holds no request of {params['granularity']} tokens at min_concurrency"
+                f" {params['min_concurrency']:g}: free memory (preflight) or lower min_concurrency",
+            }
+        )
+    violations += lint_static(recipe)
+    if explicit is not None:
+        violations += lint_context(
+            recipe, concurrency_at(plan, explicit), length, params["min_concurrency"]
+        )
+    violations += lint_scheduling(recipe, scheduled)
+    violations += lint_offload(recipe, params["host_limits"])
+    if floor is not None and served > 0:
+        violations += _client_violations(client, served)
+    if params["client_limits"]:
+        violations += check_client_limits(params["client_limits"], served, floor)
+    if plan["preferred_met"] is False:
+        plan["model"]["notes"].append(
+            f"preferred_concurrency {params['preferred_concurrency']:g} would leave less context"
+            f" than the client needs ({min_length}); planned for min_concurrency instead"
+        )
+    result = {k: v for k, v in plan.items() if not k.startswith("_")}
+    result.update(
+        served_max_model_len=served,
+        scheduled_tokens=scheduled,
+        client=client,
+        violations=violations,
+        feasible=length > 0 and not any(v["severity"] == "error" for v in violations),
+    )
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        result = compute(module.params)
+    except (KvInputError, ClientInputError, RecipeInputError) as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+#!/usr/bin/python
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_log_facts
+short_description: Read what vLLM reported in its log - KV capacity, memory, errors and stats
+version_added: 0.1.0
+description:
+  - Parses a vLLM log from O(path), from O(content), or from a unit (C(journalctl -u) or
+    C(podman logs)) and returns the facts under C(ansible_facts.vllm_log).
+  - Reads the KV cache size and maximum concurrency (GPU or CPU, one-line and two-line forms),
+    available KV memory per rank, free memory on startup, skipped profiling (explicit KV bytes),
+    the insufficient-KV start error with vLLM's estimated maximum model length, OOMs with the rank
+    that died, the speculative scheduled-token warning, periodic stats and spec-decode metrics.
+  - Returns C(observations), ready to append to C(/var/lib/localinference/observations.json).
+author:
+  - localinference.vllm developers
+extends_documentation_fragment:
+  - localinference.vllm.attributes
+  - localinference.vllm.attributes.FACTS
+options:
+  path:
+    description: A log file to read.
+    type: path
+  content:
+    description: Log text.
+    type: str
+  unit:
+    description: A systemd unit (O(source=journal)) or a Podman container (O(source=podman)) to read.
+    type: str
+  source:
+    description: How O(unit) is read.
+    type: str
+    choices: [journal, podman]
+    default: journal
+  since:
+    description:
+      - Only lines since this time (C(journalctl --since), C(podman logs --since)), for example the
+        unit's C(ActiveEnterTimestamp), so one boot's log is read.
+    type: str
+  lines:
+    description: Read at most this many of the newest lines from the unit.
+    type: int
+    default: 20000
+  host:
+    description: Host name recorded in RV(ansible_facts.vllm_log.observations).
+    type: str
+  recipe_hash:
+    description: Recipe hash recorded in RV(ansible_facts.vllm_log.observations).
+    type: str
+  kv_memory_gib:
+    description:
+      - KV memory per rank in GiB when known from the configuration (C(VLLM_CPU_KVCACHE_SPACE),
+        C(kv_cache_memory_bytes)). Otherwise the log's reserved or available KV memory is used.
+    type: float
+notes:
+  - Exactly one of O(path), O(content) and O(unit) is required.
+  - Commands run with C(LC_ALL=C).
+"""
+
+EXAMPLES = r"""
+- name: Read the boot that just started
+  localinference.vllm.vllm_log_facts:
+    unit: vllm.service
+    since: "{{ vllm_started_at }}"
+    host: "{{ inventory_hostname }}"
+    recipe_hash: "{{ vllm_recipe_hash }}"
+
+- name: Offer vLLM's own estimate when the start failed for lack of KV
+  ansible.builtin.fail:
+    msg: >-
+      vLLM needs {{ vllm_log.kv_needed_gib }} GiB of KV for {{ vllm_log.requested_max_model_len }}
+      tokens but has {{ vllm_log.kv_available_gib }} GiB; set max_model_len to
+      {{ vllm_log.estimated_max_model_len }}
+  when: vllm_log.kv_insufficient
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts to add to ansible_facts.
+  returned: always
+  type: complex
+  contains:
+    vllm_log:
+      description:
+        - What the log reported. KV keys describe the last boot in the log; C(boots) lists every
+          boot; stats, HTTP statuses and errors cover the whole log.
+        - Keys C(version), C(kv_cache_device), C(kv_cache_tokens), C(max_concurrency),
+          C(concurrency_max_model_len), C(available_kv_gib) (list of C({rank, gib})),
+          C(startup_memory) (per rank C(free_gib), C(total_gib), C(requested_utilization),
+          C(requested_gib), C(below_requested), weights and activation GiB when logged),
+          C(profiling_skipped), C(kv_reserved_gib), C(kv_cache_memory_bytes_suggested),
+          C(kv_insufficient), C(requested_max_model_len), C(kv_needed_gib), C(kv_available_gib),
+          C(estimated_max_model_len), C(oom) (list of C({rank, bytes, line})), C(oom_rank),
+          C(died_ranks), C(scheduled_tokens), C(init_seconds), C(stats), C(spec_decode),
+          C(stats_summary), C(context_errors), C(context_limits), C(offload_mmaps),
+          C(kv_transfer), C(http_status), C(errors), C(boots), C(observations), C(lines_read).
+      returned: always
+      type: dict
+      sample:
+        version: 0.32.0
+        kv_cache_device: CPU
+        kv_cache_tokens: 2097152
+        max_concurrency: 512.0
+        concurrency_max_model_len: 4096
+        profiling_skipped: false
+        kv_insufficient: false
+        estimated_max_model_len: null
+        oom_rank: null
+        scheduled_tokens: null
+"""
+
+import datetime  # noqa: E402
+import platform  # noqa: E402
+from typing import Any  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (  # noqa: E402
+    parse_log,
+    to_observations,
+)
+
+ARGUMENT_SPEC: dict[str, Any] = {
+    "path": {"type": "path"},
+    "content": {"type": "str"},
+    "unit": {"type": "str"},
+    "source": {"type": "str", "choices": ["journal", "podman"], "default": "journal"},
+    "since": {"type": "str"},
+    "lines": {"type": "int", "default": 20000},
+    "host": {"type": "str"},
+    "recipe_hash": {"type": "str"},
+    "kv_memory_gib": {"type": "float"},
+}
+
+
+def unit_command(module: AnsibleModule) -> list[str]:
+    """The argv that reads the unit's log."""
+    params = module.params
+    if params["source"] == "journal":
+        argv = [module.get_bin_path("journalctl", required=True), "-u", params["unit"]]
+        argv += ["--no-pager", "-o", "short", "-n", str(params["lines"])]
+        if params["since"]:
+            argv += ["--since", params["since"]]
+        return argv
+    argv = [module.get_bin_path("podman", required=True), "logs", "--tail", str(params["lines"])]
+    if params["since"]:
+        argv += ["--since", params["since"]]
+    return [*argv, params["unit"]]
+
+
+def read_text(module: AnsibleModule) -> str:
+    params = module.params
+    if params["content"] is not None:
+        return params["content"]
+    if params["path"]:
+        try:
+            with open(params["path"], encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except OSError as exc:
+            module.fail_json(msg=f"path {params['path']} cannot be read: {exc}")
+    argv = unit_command(module)
+    rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
+    if rc != 0:
+        module.fail_json(
+            msg=f"reading unit {params['unit']} failed (rc={rc}): {err.strip() or out.strip()};"
+            " check the unit name and source",
+            cmd=argv,
+        )
+    # podman logs writes the container's stderr to stderr; vLLM logs there
+    return f"{out}\n{err}" if params["source"] == "podman" else out
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        required_one_of=[("path", "content", "unit")],
+        mutually_exclusive=[("path", "content", "unit")],
+        supports_check_mode=True,
+    )
+    if module.params["lines"] < 1:
+        module.fail_json(msg=f"lines must be at least 1, got {module.params['lines']}")
+    if module.params["kv_memory_gib"] is not None and module.params["kv_memory_gib"] <= 0:
+        module.fail_json(
+            msg=f"kv_memory_gib must be positive, got {module.params['kv_memory_gib']}"
+        )
+    text = read_text(module)
+    facts = parse_log(text)
+    recorded_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    facts["observations"] = to_observations(
+        facts,
+        host=module.params["host"] or platform.node(),
+        recorded_at=recorded_at,
+        recipe_hash=module.params["recipe_hash"],
+        kv_memory_gib=module.params["kv_memory_gib"],
+    )
+    facts["lines_read"] = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+    module.exit_json(changed=False, ansible_facts={"vllm_log": facts})
+
+
+if __name__ == "__main__":
+    main()
