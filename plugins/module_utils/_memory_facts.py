@@ -1,0 +1,197 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Parse the kernel's memory-pressure evidence: meminfo, PSI, limits, loadavg,
+per-process status, cgroup limits, and rank other users' processes by RSS.
+
+Seed 000 §3.3: the worker had ~20 GiB less free memory than the head because a
+second user's processes held 17.56 GB RSS with swap at 13-14 of 15 GB.  These
+functions turn that situation into numbers a guard can compare.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+KIB = 1024
+
+_MEMINFO_LINE = re.compile(r"^(?P<key>[A-Za-z0-9_()]+):\s+(?P<value>\d+)(?:\s+kB)?\s*$")
+_PSI_LINE = re.compile(r"^(?P<kind>some|full)\s+(?P<fields>.*)$")
+_LIMIT_LINE = re.compile(r"^Max locked memory\s+(?P<soft>\S+)\s+(?P<hard>\S+)\s+(?P<unit>\S+)")
+
+
+class ProcParseError(ValueError):
+    """The text is not the /proc file it should be."""
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """``/proc/meminfo`` -> ``{"MemTotal": kib, ...}`` (values in KiB)."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        match = _MEMINFO_LINE.match(line.strip())
+        if match:
+            values[match.group("key")] = int(match.group("value"))
+    if "MemTotal" not in values:
+        raise ProcParseError("no MemTotal line: not /proc/meminfo")
+    return values
+
+
+def parse_psi(text: str) -> dict[str, dict[str, float]]:
+    """``/proc/pressure/memory`` -> ``{"some": {"avg10": .., "total": ..}, "full": {..}}``."""
+    result: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        match = _PSI_LINE.match(line.strip())
+        if not match:
+            continue
+        fields = {}
+        for item in match.group("fields").split():
+            key, _, value = item.partition("=")
+            fields[key] = float(value) if key != "total" else int(value)
+        result[match.group("kind")] = fields
+    if "some" not in result:
+        raise ProcParseError("no 'some' line: not a PSI file")
+    return result
+
+
+def parse_loadavg(text: str) -> dict[str, Any]:
+    """``/proc/loadavg`` -> load averages and runnable/total tasks."""
+    parts = text.split()
+    if len(parts) < 4 or "/" not in parts[3]:
+        raise ProcParseError(f"unexpected /proc/loadavg content {text!r}")
+    running, _, total = parts[3].partition("/")
+    return {
+        "1m": float(parts[0]),
+        "5m": float(parts[1]),
+        "15m": float(parts[2]),
+        "runnable": int(running),
+        "tasks": int(total),
+    }
+
+
+def parse_memlock(text: str) -> dict[str, int | None]:
+    """``/proc/<pid>/limits`` -> memlock soft/hard in bytes (None = unlimited)."""
+    for line in text.splitlines():
+        match = _LIMIT_LINE.match(line)
+        if match:
+            return {
+                "soft_bytes": None
+                if match.group("soft") == "unlimited"
+                else int(match.group("soft")),
+                "hard_bytes": None
+                if match.group("hard") == "unlimited"
+                else int(match.group("hard")),
+            }
+    raise ProcParseError("no 'Max locked memory' line: not a limits file")
+
+
+def parse_status(text: str) -> dict[str, Any]:
+    """``/proc/<pid>/status`` -> name, real uid, RSS in KiB (0 for kernel threads)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key.strip()] = value.strip()
+    if "Uid" not in fields:
+        raise ProcParseError("no Uid line: not a status file")
+    rss = fields.get("VmRSS", "0 kB").split()[0]
+    swap = fields.get("VmSwap", "0 kB").split()[0]
+    return {
+        "name": fields.get("Name", ""),
+        "uid": int(fields["Uid"].split()[0]),
+        "rss_kib": int(rss),
+        "swap_kib": int(swap),
+    }
+
+
+def parse_cgroup_limit(value: str | None) -> int | None:
+    """cgroup ``memory.max`` / ``memory.limit_in_bytes`` -> bytes, None when unlimited."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or value == "max":
+        return None
+    number = int(value)
+    # cgroup v1 reports "unlimited" as a page-rounded LONG_MAX.
+    if number >= 2**62:
+        return None
+    return number
+
+
+def memory_summary(
+    meminfo_kib: dict[str, int],
+    cgroup_limit_bytes: int | None = None,
+    cgroup_usage_bytes: int | None = None,
+) -> dict[str, Any]:
+    """Totals in bytes; ``effective_available_bytes`` honours a cgroup limit."""
+    total = meminfo_kib["MemTotal"] * KIB
+    available = meminfo_kib.get("MemAvailable", meminfo_kib.get("MemFree", 0)) * KIB
+    swap_total = meminfo_kib.get("SwapTotal", 0) * KIB
+    swap_free = meminfo_kib.get("SwapFree", 0) * KIB
+    swap_used = swap_total - swap_free
+    effective = available
+    if cgroup_limit_bytes is not None and cgroup_usage_bytes is not None:
+        effective = min(available, max(cgroup_limit_bytes - cgroup_usage_bytes, 0))
+    return {
+        "mem_total_bytes": total,
+        "mem_available_bytes": available,
+        "swap_total_bytes": swap_total,
+        "swap_free_bytes": swap_free,
+        "swap_used_bytes": swap_used,
+        "swap_used_percent": round(100.0 * swap_used / swap_total, 1) if swap_total else 0.0,
+        "shmem_bytes": meminfo_kib.get("Shmem", 0) * KIB,
+        "cgroup_limit_bytes": cgroup_limit_bytes,
+        "cgroup_usage_bytes": cgroup_usage_bytes,
+        "effective_available_bytes": effective,
+    }
+
+
+def shm_summary(path: str, block_size: int, blocks: int, blocks_available: int) -> dict[str, Any]:
+    """statvfs numbers of ``/dev/shm`` -> size/free/used in bytes."""
+    size = block_size * blocks
+    free = block_size * blocks_available
+    return {"path": path, "size_bytes": size, "free_bytes": free, "used_bytes": size - free}
+
+
+def other_users_processes(
+    processes: list[dict[str, Any]],
+    own_uids: set[int],
+    min_uid: int,
+    top: int,
+) -> dict[str, Any]:
+    """Rank processes of *other* users by RSS and sum them per user.
+
+    ``processes`` items carry ``pid``, ``uid``, ``user``, ``name``, ``rss_kib``
+    (and optionally ``cmdline``).  System accounts (uid < ``min_uid``) and
+    ``own_uids`` are not "other users".  Nothing here signals a process: the
+    memory is reported, never reclaimed (seed 000 §3.3).
+    """
+    others = [
+        proc
+        for proc in processes
+        if proc["uid"] >= min_uid and proc["uid"] not in own_uids and proc["rss_kib"] > 0
+    ]
+    others.sort(key=lambda proc: (-proc["rss_kib"], proc["pid"]))
+    by_user: dict[str, dict[str, Any]] = {}
+    for proc in others:
+        entry = by_user.setdefault(
+            proc["user"], {"user": proc["user"], "uid": proc["uid"], "processes": 0, "rss_bytes": 0}
+        )
+        entry["processes"] += 1
+        entry["rss_bytes"] += proc["rss_kib"] * KIB
+    users = sorted(by_user.values(), key=lambda entry: -entry["rss_bytes"])
+    return {
+        "total_rss_bytes": sum(entry["rss_bytes"] for entry in users),
+        "process_count": len(others),
+        "by_user": users,
+        "top_processes": [
+            {
+                "pid": proc["pid"],
+                "user": proc["user"],
+                "uid": proc["uid"],
+                "name": proc["name"],
+                "cmdline": proc.get("cmdline", ""),
+                "rss_bytes": proc["rss_kib"] * KIB,
+            }
+            for proc in others[:top]
+        ],
+    }

@@ -1,0 +1,148 @@
+#!/usr/bin/python
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: ethtool_facts
+short_description: Read link, speed, duplex, driver and MTU of named interfaces
+version_added: 0.1.0
+description:
+  - Runs C(ethtool IF) and C(ethtool -i IF) for each interface and reads its MTU, operational state and MAC
+    address from sysfs.
+  - Results are returned under C(ansible_facts.ethtool.<ifname>).
+author:
+  - localinference.vllm contributors
+extends_documentation_fragment:
+  - localinference.vllm.attributes
+  - localinference.vllm.attributes.FACTS
+options:
+  interfaces:
+    description:
+      - Interface names to read.
+    type: list
+    elements: str
+    required: true
+  ethtool:
+    description:
+      - Name or path of the C(ethtool) executable.
+    type: str
+    default: ethtool
+  sys_root:
+    description:
+      - Mount point of sysfs.
+    type: path
+    default: /sys
+notes:
+  - An interface that does not exist fails the module with its name, so a typo in the inventory is caught here.
+  - Virtual links (veth) always report C(10000Mb/s); some virtual NICs report no speed (C(speed_mbps=null)).
+"""
+
+EXAMPLES = r"""
+- name: Read the cluster interfaces
+  localinference.vllm.ethtool_facts:
+    interfaces: [enp1s0f0np0, enP2p1s0f0np0]
+
+- name: Require 100 Gb/s
+  ansible.builtin.assert:
+    that: ansible_facts.ethtool.enp1s0f0np0.speed_mbps | default(0, true) >= 100000
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: always
+  type: dict
+  contains:
+    ethtool:
+      description: One entry per interface name.
+      returned: always
+      type: dict
+      sample:
+        enp1s0f0np0:
+          link_detected: true
+          speed_mbps: 10000
+          speed_raw: 10000Mb/s
+          duplex: full
+          port: Twisted Pair
+          autoneg: false
+          driver: veth
+          driver_version: "1.0"
+          firmware_version: null
+          bus_info: null
+          mtu: 9000
+          operstate: up
+          mac_address: "5e:3c:11:a0:42:07"
+"""
+
+import os  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.localinference.vllm.plugins.module_utils._ethtool_facts import (  # noqa: E402
+    EthtoolParseError,
+    parse_driver,
+    parse_settings,
+)
+
+C_LOCALE = {"LC_ALL": "C", "LANG": "C"}
+
+
+def _sys(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "interfaces": {"type": "list", "elements": "str", "required": True},
+            "ethtool": {"type": "str", "default": "ethtool"},
+            "sys_root": {"type": "path", "default": "/sys"},
+        },
+        supports_check_mode=True,
+    )
+    net = os.path.join(module.params["sys_root"], "class", "net")
+    missing = [
+        name for name in module.params["interfaces"] if not os.path.isdir(os.path.join(net, name))
+    ]
+    if missing:
+        present = sorted(os.listdir(net)) if os.path.isdir(net) else []
+        module.fail_json(
+            msg=f"interfaces: no such interface {', '.join(missing)} on this host (present: {', '.join(present)}). "
+            "Fix the interface name in the inventory.",
+            missing=missing,
+        )
+    ethtool = module.get_bin_path(module.params["ethtool"], required=True)
+    facts = {}
+    for name in module.params["interfaces"]:
+        rc, out, err = module.run_command([ethtool, name], environ_update=C_LOCALE)
+        if rc != 0:
+            module.fail_json(msg=f"'ethtool {name}' failed with rc={rc}: {err.strip()}")
+        rc_i, out_i, _err_i = module.run_command([ethtool, "-i", name], environ_update=C_LOCALE)
+        try:
+            entry = parse_settings(out)
+            entry.update(
+                parse_driver(out_i)
+                if rc_i == 0
+                else {
+                    "driver": None,
+                    "driver_version": None,
+                    "firmware_version": None,
+                    "bus_info": None,
+                }
+            )
+        except EthtoolParseError as exc:
+            module.fail_json(msg=f"Could not parse ethtool output for {name}: {exc}")
+        mtu = _sys(os.path.join(net, name, "mtu"))
+        entry["mtu"] = int(mtu) if mtu and mtu.isdigit() else None
+        entry["operstate"] = _sys(os.path.join(net, name, "operstate"))
+        entry["mac_address"] = _sys(os.path.join(net, name, "address"))
+        facts[name] = entry
+    module.exit_json(changed=False, ansible_facts={"ethtool": facts})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+#!/usr/bin/python
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_facts
+short_description: Read NVIDIA GPU facts from nvidia-smi, with unified-memory fallback
+version_added: 0.1.0
+description:
+  - Runs C(nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,memory.free,pci.bus_id,driver_version --format=csv)
+    (or C(nvidia-smi -q -x)) and the plain C(nvidia-smi) table for the CUDA version.
+  - GPUs that report no framebuffer memory (DGX Spark GB10 prints C([N/A]) and C(Not Supported)) are unified-memory
+    parts; their memory is taken from O(meminfo_path) (C(MemTotal), C(MemAvailable)) and marked C(unified_memory=true).
+  - Results are returned under C(ansible_facts.gpu).
+author:
+  - localinference.vllm contributors
+extends_documentation_fragment:
+  - localinference.vllm.attributes
+  - localinference.vllm.attributes.FACTS
+options:
+  nvidia_smi:
+    description:
+      - Name or path of the C(nvidia-smi) executable.
+    type: str
+    default: nvidia-smi
+  source:
+    description:
+      - Which machine-readable form to read.
+      - V(csv) uses C(--query-gpu ... --format=csv); V(xml) uses C(-q -x).
+    type: str
+    choices: [csv, xml]
+    default: csv
+  meminfo_path:
+    description:
+      - Where to read C(/proc/meminfo) for unified-memory GPUs.
+    type: path
+    default: /proc/meminfo
+  required:
+    description:
+      - Fail when C(nvidia-smi) is missing or reports no GPU.
+      - When V(false) such a host returns C(present=false).
+    type: bool
+    default: false
+notes:
+  - Commands run with C(LC_ALL=C).
+"""
+
+EXAMPLES = r"""
+- name: Read GPU facts on every node
+  localinference.vllm.gpu_facts:
+
+- name: A node without a GPU is an error here
+  localinference.vllm.gpu_facts:
+    required: true
+
+- name: Show the free memory the weakest GPU offers
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts.gpu.min_free_memory_mib }} MiB ({{ 'unified' if ansible_facts.gpu.unified_memory else 'dedicated' }})"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: always
+  type: dict
+  contains:
+    gpu:
+      description: GPU facts.
+      returned: always
+      type: dict
+      contains:
+        present:
+          description: Whether at least one GPU was found.
+          type: bool
+          sample: true
+        absent_reason:
+          description: Why no GPU was found (only when O(required=false) and none was).
+          type: str
+          returned: when present is false
+          sample: nvidia-smi not found in PATH
+        count:
+          description: Number of GPUs.
+          type: int
+          sample: 1
+        driver_version:
+          description: NVIDIA driver version.
+          type: str
+          sample: "580.173.02"
+        cuda_version:
+          description: Highest CUDA version the driver supports (from the table header).
+          type: str
+          sample: "13.0"
+        unified_memory:
+          description: Whether any GPU reported no framebuffer memory (GB10) and uses the system pool.
+          type: bool
+          sample: true
+        total_memory_mib:
+          description: Memory across GPUs in MiB; for unified memory the single shared pool.
+          type: int
+          sample: 122880
+        min_free_memory_mib:
+          description: Lowest free memory of any GPU in MiB (for unified memory, C(MemAvailable)).
+          type: int
+          sample: 111390
+        gpus:
+          description: One entry per GPU.
+          type: list
+          elements: dict
+          sample:
+            - index: 0
+              name: NVIDIA GB10
+              uuid: null
+              pci_bus_id: "0000000F:01:00.0"
+              driver_version: "580.173.02"
+              memory_total_mib: 122880
+              memory_used_mib: 11490
+              memory_free_mib: 111390
+              memory_source: /proc/meminfo
+              unified_memory: true
+"""
+
+import os  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts import (  # noqa: E402
+    QUERY_FIELDS,
+    NvidiaSmiParseError,
+    build_facts,
+    merge_table,
+    parse_query_csv,
+    parse_table,
+    parse_xml,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (  # noqa: E402
+    ProcParseError,
+    parse_meminfo,
+)
+
+C_LOCALE = {"LC_ALL": "C", "LANG": "C"}
+
+
+def _absent(module: AnsibleModule, why: str) -> None:
+    if module.params["required"]:
+        module.fail_json(
+            msg=f"{why}; gpu_facts was called with required=true. Install the NVIDIA driver or set required=false."
+        )
+    module.exit_json(
+        changed=False,
+        ansible_facts={"gpu": build_facts([], None, None, None) | {"absent_reason": why}},
+    )
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+            "source": {"type": "str", "choices": ["csv", "xml"], "default": "csv"},
+            "meminfo_path": {"type": "path", "default": "/proc/meminfo"},
+            "required": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    binary = module.params["nvidia_smi"]
+    path = (
+        (binary if os.access(binary, os.X_OK) else None)
+        if "/" in binary
+        else module.get_bin_path(binary)
+    )
+    if not path:
+        _absent(module, f"{binary} not found in PATH")
+
+    rc, table_out, err = module.run_command([path], environ_update=C_LOCALE)
+    if rc != 0:
+        _absent(module, f"'{binary}' failed with rc={rc}: {(err or table_out).strip()}")
+    try:
+        table = parse_table(table_out)
+        if module.params["source"] == "xml":
+            rc, out, err = module.run_command([path, "-q", "-x"], environ_update=C_LOCALE)
+            if rc != 0:
+                module.fail_json(msg=f"'{binary} -q -x' failed with rc={rc}: {err.strip()}")
+            parsed = parse_xml(out)
+            gpus = merge_table(parsed["gpus"], table)
+            driver = parsed["driver_version"] or table["driver_version"]
+            cuda = parsed["cuda_version"] or table["cuda_version"]
+        else:
+            query = ["--query-gpu=" + ",".join(QUERY_FIELDS), "--format=csv"]
+            rc, out, err = module.run_command([path, *query], environ_update=C_LOCALE)
+            if rc != 0:
+                module.fail_json(
+                    msg=f"'{binary} {' '.join(query)}' failed with rc={rc}: {err.strip()}"
+                )
+            gpus = merge_table(parse_query_csv(out), table)
+            driver = table["driver_version"]
+            cuda = table["cuda_version"]
+    except NvidiaSmiParseError as exc:
+        module.fail_json(msg=f"Could not parse nvidia-smi output: {exc}")
+
+    if not gpus:
+        _absent(module, "nvidia-smi reports no GPU")
+
+    meminfo = None
+    if any(gpu["memory_total_mib"] is None for gpu in gpus):
+        try:
+            with open(module.params["meminfo_path"], encoding="ascii") as handle:
+                meminfo = parse_meminfo(handle.read())
+        except (OSError, ProcParseError) as exc:
+            module.fail_json(
+                msg=f"GPU reports no memory (unified memory) and {module.params['meminfo_path']} is unreadable: {exc}"
+            )
+    module.exit_json(changed=False, ansible_facts={"gpu": build_facts(gpus, driver, cuda, meminfo)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+#!/usr/bin/python
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: rdma_facts
+short_description: Read RDMA port state, MTU, link layer and the RoCE v2 GID index per port
+version_added: 0.1.0
+description:
+  - Runs C(ibv_devinfo -v) for port state, C(max_mtu)/C(active_mtu) and link layer, and reads the GID table from
+    sysfs (C(<sys_root>/class/infiniband/<hca>/ports/<n>/gids/*), C(gid_attrs/types/*), C(gid_attrs/ndevs/*)).
+  - For each port it resolves the network device and the lowest RoCE v2 GID index whose GID carries one of that
+    device's IPv4 addresses; this is the value for C(NCCL_IB_GID_INDEX) on this node (it can differ per node).
+  - When sysfs has no GID table the GID lines of C(ibv_devinfo -v) are used.
+  - Results are returned under C(ansible_facts.rdma).
+author:
+  - localinference.vllm contributors
+extends_documentation_fragment:
+  - localinference.vllm.attributes
+  - localinference.vllm.attributes.FACTS
+options:
+  ibv_devinfo:
+    description:
+      - Name or path of the C(ibv_devinfo) executable.
+    type: str
+    default: ibv_devinfo
+  sys_root:
+    description:
+      - Mount point of sysfs. A recorded tree can be given here (the lab does so, because its kernel has no RDMA).
+    type: path
+    default: /sys
+  devices:
+    description:
+      - Only report these HCAs (for example V(rocep1s0f0)). Empty means all.
+    type: list
+    elements: str
+    default: []
+  required:
+    description:
+      - Fail when no RDMA device is found. When V(false) such a host returns C(present=false).
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Read RDMA facts
+  localinference.vllm.rdma_facts:
+
+- name: GID index for NCCL on this node
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts.rdma.devices.rocep1s0f0.ports['1'].roce_v2_gid_index }}"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: always
+  type: dict
+  contains:
+    rdma:
+      description: RDMA facts.
+      returned: always
+      type: dict
+      contains:
+        present:
+          description: Whether any RDMA device was found.
+          type: bool
+        absent_reason:
+          description: Why no device was found.
+          type: str
+          returned: when present is false
+        netdev_to_hca:
+          description: Map of network device name to C({hca, port}).
+          type: dict
+          sample: {enp1s0f0np0: {hca: rocep1s0f0, port: "1"}}
+        devices:
+          description: One entry per HCA; C(ports) maps the port number (a string) to its state.
+          type: dict
+          sample:
+            rocep1s0f0:
+              fw_ver: 28.45.4028
+              vendor_part_id: "4129"
+              board_id: NVD0000000087
+              ports:
+                "1":
+                  state: PORT_ACTIVE
+                  max_mtu: 4096
+                  active_mtu: 4096
+                  link_layer: Ethernet
+                  netdev: enp1s0f0np0
+                  ipv4_addresses: [192.168.100.10]
+                  roce_v2_gid_index: 3
+                  roce_v2_gid: "0000:0000:0000:0000:0000:ffff:c0a8:640a"
+                  gid_source: sysfs
+                  gids: {"3": {gid: "0000:0000:0000:0000:0000:ffff:c0a8:640a", type: RoCE v2, netdev: enp1s0f0np0, ipv4: 192.168.100.10}}
+"""
+
+import json  # noqa: E402
+import os  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts import (  # noqa: E402
+    RdmaParseError,
+    gid_table,
+    parse_ibv_devinfo,
+    roce_v2_ipv4_index,
+)
+
+C_LOCALE = {"LC_ALL": "C", "LANG": "C"}
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _sysfs_gids(port_dir: str) -> dict[str, dict[str, str | None]]:
+    gids_dir = os.path.join(port_dir, "gids")
+    if not os.path.isdir(gids_dir):
+        return {}
+    entries = {}
+    for index in sorted(os.listdir(gids_dir), key=lambda name: int(name) if name.isdigit() else -1):
+        if not index.isdigit():
+            continue
+        entries[index] = {
+            "gid": _read(os.path.join(gids_dir, index)),
+            # Reading the type or netdev of an unused slot fails with EINVAL on a real kernel.
+            "type": _read(os.path.join(port_dir, "gid_attrs", "types", index)),
+            "netdev": _read(os.path.join(port_dir, "gid_attrs", "ndevs", index)),
+        }
+    return entries
+
+
+def _sysfs_netdev(sys_root: str, hca: str) -> str | None:
+    net_dir = os.path.join(sys_root, "class", "infiniband", hca, "device", "net")
+    if os.path.isdir(net_dir):
+        names = sorted(os.listdir(net_dir))
+        if len(names) == 1:
+            return names[0]
+    return None
+
+
+def _ipv4_addresses(module: AnsibleModule, netdev: str) -> list[str]:
+    ip = module.get_bin_path("ip")
+    if not ip:
+        return []
+    rc, out, _ = module.run_command(
+        [ip, "-j", "-4", "addr", "show", "dev", netdev], environ_update=C_LOCALE
+    )
+    if rc != 0:
+        return []
+    try:
+        links = json.loads(out or "[]")
+    except ValueError:
+        return []
+    return [
+        info["local"]
+        for link in links
+        for info in link.get("addr_info", [])
+        if info.get("family") == "inet"
+    ]
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "ibv_devinfo": {"type": "str", "default": "ibv_devinfo"},
+            "sys_root": {"type": "path", "default": "/sys"},
+            "devices": {"type": "list", "elements": "str", "default": []},
+            "required": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    sys_root = module.params["sys_root"]
+
+    def absent(why: str) -> None:
+        if module.params["required"]:
+            module.fail_json(
+                msg=f"{why}; rdma_facts was called with required=true. Install rdma-core and the NIC driver, "
+                "or set required=false for a node without RDMA."
+            )
+        module.exit_json(
+            changed=False,
+            ansible_facts={
+                "rdma": {"present": False, "absent_reason": why, "devices": {}, "netdev_to_hca": {}}
+            },
+        )
+
+    binary = module.params["ibv_devinfo"]
+    path = (
+        (binary if os.access(binary, os.X_OK) else None)
+        if "/" in binary
+        else module.get_bin_path(binary)
+    )
+    if not path:
+        absent(f"{binary} not found in PATH")
+    rc, out, err = module.run_command([path, "-v"], environ_update=C_LOCALE)
+    if rc != 0 or "No IB devices found" in (out + err):
+        absent(f"'{binary} -v' found no device (rc={rc}): {(err or out).strip()[:200]}")
+    try:
+        devices = parse_ibv_devinfo(out)
+    except RdmaParseError as exc:
+        module.fail_json(msg=f"Could not parse '{binary} -v' output: {exc}")
+
+    wanted = module.params["devices"]
+    unknown = [name for name in wanted if name not in devices]
+    if unknown:
+        module.fail_json(
+            msg=f"devices: no RDMA device {', '.join(unknown)} (present: {', '.join(sorted(devices))})."
+        )
+    if wanted:
+        devices = {name: devices[name] for name in wanted}
+
+    netdev_to_hca = {}
+    address_cache: dict[str, list[str]] = {}
+    for hca, device in devices.items():
+        fallback_netdev = _sysfs_netdev(sys_root, hca)
+        for number, port in device["ports"].items():
+            port_dir = os.path.join(sys_root, "class", "infiniband", hca, "ports", number)
+            sysfs = gid_table(_sysfs_gids(port_dir))
+            if sysfs:
+                port["gids"] = sysfs
+                port["gid_source"] = "sysfs"
+            else:
+                port["gid_source"] = "ibv_devinfo" if port.get("gids") else None
+            netdevs = sorted(
+                {entry["netdev"] for entry in port["gids"].values() if entry.get("netdev")}
+            )
+            netdev = netdevs[0] if len(netdevs) == 1 else fallback_netdev
+            port["netdev"] = netdev
+            if netdev:
+                netdev_to_hca[netdev] = {"hca": hca, "port": number}
+                if netdev not in address_cache:
+                    address_cache[netdev] = _ipv4_addresses(module, netdev)
+            port["ipv4_addresses"] = address_cache.get(netdev, []) if netdev else []
+            index = roce_v2_ipv4_index(port["gids"], port["ipv4_addresses"], netdev)
+            port["roce_v2_gid_index"] = index
+            port["roce_v2_gid"] = port["gids"][str(index)]["gid"] if index is not None else None
+    module.exit_json(
+        changed=False,
+        ansible_facts={
+            "rdma": {"present": bool(devices), "devices": devices, "netdev_to_hca": netdev_to_hca}
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

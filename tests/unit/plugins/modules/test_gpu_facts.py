@@ -1,0 +1,80 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""gpu_facts end to end: the module runs the lab's GB10 stand-in (which prints a
+recorded GB10 output) and a recorded H200 through a one-line printer."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+from ansible_collections.localinference.vllm.plugins.modules import gpu_facts
+from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
+
+ROOT = Path(__file__).resolve().parents[4]
+FIXTURES = ROOT / "tests" / "unit" / "fixtures"
+STANDIN = ROOT / "lab" / "standins" / "bin" / "nvidia-smi"
+
+
+@pytest.fixture
+def h200_smi(tmp_path: Path) -> Path:
+    """A fake nvidia-smi that prints the recorded H200 outputs for the exact argv the module uses."""
+    script = tmp_path / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in\n'
+        f'  "") cat {FIXTURES}/nvidia-smi/h200-table.txt ;;\n'
+        f'  "--query-gpu=index,name,uuid,memory.total,memory.used,memory.free,pci.bus_id,driver_version --format=csv") cat {FIXTURES}/nvidia-smi/h200-query-gpu.csv ;;\n'
+        f'  "-q -x") cat {FIXTURES}/nvidia-smi/h200-q-x.xml ;;\n'
+        '  *) echo "unexpected argv: $*" >&2; exit 9 ;;\n'
+        "esac\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+@pytest.mark.parametrize("source", ["csv", "xml"])
+def test_gb10_standin_unified_memory(source):
+    meminfo = FIXTURES / "proc" / "meminfo-controller.txt"
+    result = run_module(
+        gpu_facts, {"nvidia_smi": str(STANDIN), "source": source, "meminfo_path": str(meminfo)}
+    )
+    assert not result.failed, result.result
+    gpu = result.result["ansible_facts"]["gpu"]
+    assert result.result["changed"] is False
+    assert gpu["present"] is True
+    assert gpu["unified_memory"] is True
+    assert gpu["driver_version"] == "580.173.02"
+    assert gpu["cuda_version"] == "13.0"
+    assert gpu["gpus"][0]["name"] == "NVIDIA GB10"
+    assert gpu["gpus"][0]["memory_source"] == "/proc/meminfo"
+    assert gpu["min_free_memory_mib"] == 24039792 // 1024
+
+
+@pytest.mark.parametrize("source", ["csv", "xml"])
+def test_h200_dedicated_memory(h200_smi, source):
+    result = run_module(gpu_facts, {"nvidia_smi": str(h200_smi), "source": source}, check_mode=True)
+    assert not result.failed, result.result
+    gpu = result.result["ansible_facts"]["gpu"]
+    assert gpu["unified_memory"] is False
+    assert gpu["min_free_memory_mib"] == 143156
+    assert gpu["gpus"][0]["uuid"] == "GPU-00000000-1111-2222-3333-444444444444"
+
+
+def test_missing_binary_optional_and_required(tmp_path):
+    missing = str(tmp_path / "no-such-nvidia-smi")
+    result = run_module(gpu_facts, {"nvidia_smi": missing})
+    assert not result.failed
+    assert result.result["ansible_facts"]["gpu"]["present"] is False
+    result = run_module(gpu_facts, {"nvidia_smi": missing, "required": True})
+    assert result.failed
+    assert "required=true" in result.result["msg"]
+
+
+def test_unreadable_meminfo_for_unified_memory_is_a_clear_error(tmp_path):
+    result = run_module(
+        gpu_facts, {"nvidia_smi": str(STANDIN), "meminfo_path": str(tmp_path / "nope")}
+    )
+    assert result.failed
+    assert "unified memory" in result.result["msg"]
