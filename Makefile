@@ -66,6 +66,8 @@ lint: bootstrap
 # ansible-test wants the collection under ansible_collections/<ns>/<name>; run
 # it on a copy of the tracked files, locally (no Docker).
 sanity: bootstrap
+	v=$$(grep -o "pip='[0-9.]*'" $(VENV)/lib/python3.*/site-packages/ansible_test/_internal/python_requirements.py | cut -d"'" -f2); \
+	  mkdir -p ~/.ansible/test/cache && cp lab/get-pip-offline.py ~/.ansible/test/cache/get_pip_$${v//./_}.py
 	rm -rf $(SANITY_ROOT) && mkdir -p $(SANITY_ROOT)
 	git ls-files -z --cached --others --exclude-standard | rsync -a --from0 --files-from=- ./ $(SANITY_ROOT)/
 	cd $(SANITY_ROOT) && git init -q && git add -A && \
