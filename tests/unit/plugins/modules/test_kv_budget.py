@@ -1,0 +1,205 @@
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""kv_budget end to end: case tables of arguments and what the module returns."""
+
+from __future__ import annotations
+
+import pytest
+from ansible_collections.localinference.vllm.plugins.modules import kv_budget
+from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
+
+SEED000 = [
+    {"max_model_len": 24576, "kv_tokens": 26890},
+    {"max_model_len": 16384, "kv_tokens": 33932},
+    {"max_model_len": 24576, "kv_tokens": 34887},
+    {"max_model_len": 24576, "kv_tokens": 47930},
+]
+SEED000_RECIPE = {  # seed 000 mid-remediation (its first 8192 was below the prompt floor)
+    "max_model_len": 16384,
+    "max_num_seqs": 1,
+    "max_num_batched_tokens": 8192,
+    "kv_cache_memory_bytes": 7516192768,
+    "gpu_memory_utilization": 0.75,
+    "tool_call_parser": "deepseek_v4",
+}
+SEED002_RECIPE = {
+    "max_model_len": 262144,
+    "max_num_seqs": 2,
+    "max_num_batched_tokens": 8192,
+    "gpu_memory_utilization": 0.975,
+    "reasoning_parser": "deepseek_v4",
+    "tool_call_parser": "deepseek_v4",
+    "speculative_config": {
+        "method": "dspark",
+        "num_speculative_tokens": 5,
+        "parallel_drafting": True,
+    },
+    "kv_offloading_size": 8,
+    "ipc_host": True,
+    "privileged": True,
+}
+
+
+def ids(result) -> list[str]:
+    return sorted({v["id"] for v in result["violations"]})
+
+
+def test_seed000_plan_and_lint():
+    result = run_module(
+        kv_budget,
+        {
+            "observations": SEED000,
+            "granularity": 8192,
+            "prompt_floor": 8193,
+            "recipe": SEED000_RECIPE,
+            "client_limits": {"context": 16384, "output": 8192},
+        },
+    ).result
+    assert result["changed"] is False
+    assert result["max_model_len"] == 24576
+    assert result["concurrency"]["worst"] == pytest.approx(1.0942, abs=1e-4)
+    assert result["calibrated"] is False
+    assert ids(result) == ["F1", "F3", "F6", "F8", "F9"]
+    assert result["feasible"] is False
+    assert result["served_max_model_len"] == 16384
+    # 8,193 + 8,192 = 16,385 > 16,384
+    assert any("16385 > max_model_len 16384" in v["message"] for v in result["violations"])
+    # the served 16384 cannot host a sound client at all: say how much more is needed
+    assert result["client"]["ok"] is False
+    assert (
+        result["client"]["additional_context_needed"]
+        == result["client"]["needed_context"] - 16384
+        > 0
+    )
+
+
+def test_seed000_192_token_client():
+    result = run_module(
+        kv_budget,
+        {
+            "observations": SEED000,
+            "prompt_floor": 8193,
+            "recipe": {"max_model_len": 16384, "max_num_seqs": 4},
+            "client_limits": {"context": 8192, "input": 8192, "output": 4096, "reserved": 8000},
+        },
+    ).result
+    f9 = [v for v in result["violations"] if v["id"] == "F9" and "192" in v["message"]]
+    assert f9 and f9[0]["severity"] == "error"
+
+
+def test_seed000_first_context_below_floor_is_bad_input():
+    outcome = run_module(
+        kv_budget,
+        {"observations": SEED000, "prompt_floor": 8193, "recipe": {"max_model_len": 8192}},
+    )
+    assert outcome.failed
+    assert "recipe.max_model_len 8192 is below prompt_floor 8193" in outcome.result["msg"]
+
+
+def test_seed000_remediated_is_clean():
+    recipe = {
+        **SEED000_RECIPE,
+        "max_model_len": "plan",
+        "max_num_seqs": 4,
+        "reasoning_parser": "deepseek_v4",
+    }
+    del recipe["kv_cache_memory_bytes"]
+    result = run_module(
+        kv_budget,
+        {"observations": SEED000, "granularity": 8192, "prompt_floor": 8193, "recipe": recipe},
+    ).result
+    assert result["violations"] == []
+    assert result["feasible"] is True
+    assert result["client"]["working_budget"] == 20480
+    assert result["served_max_model_len"] == 24576
+
+
+def test_seed000_32768_against_best_boot_is_f2():
+    recipe = {"max_model_len": 32768, "max_num_seqs": 4}
+    result = run_module(
+        kv_budget, {"observations": SEED000, "granularity": 8192, "recipe": recipe}
+    ).result
+    (finding,) = result["violations"]
+    assert finding["id"] == "F2" and "recipe.max_model_len=32768" in finding["message"]
+    assert "set max_model_len to 24576" in finding["message"]
+
+
+def test_seed002():
+    obs = [
+        {
+            "recorded_at": "2026-08-04T02:44:21",
+            "rank": 0,
+            "max_model_len": 262144,
+            "kv_tokens": 285336,
+            "available_kv_gib": 8.59,
+        }
+    ]
+    result = run_module(
+        kv_budget, {"observations": obs, "recipe": SEED002_RECIPE, "granularity": 65536}
+    ).result
+    assert result["scheduled_tokens"] == 8184
+    assert result["max_model_len"] == 262144
+    assert round(result["concurrency"]["worst"], 2) == 1.09
+    assert ids(result) == ["F15", "F16", "F17"]
+    sequences = {row["sequences"]: row["tokens_per_sequence"] for row in result["active_sequences"]}
+    assert sequences == {1: 262144, 2: 142336, 4: 70656}
+
+
+def test_seed002_options_override_recipe():
+    obs = [{"max_model_len": 262144, "kv_tokens": 285336}]
+    result = run_module(
+        kv_budget,
+        {
+            "observations": obs,
+            "max_num_batched_tokens": 8192,
+            "max_num_seqs": 2,
+            "speculative_tokens": 5,
+            "parallel_drafting": True,
+        },
+    ).result
+    assert result["scheduled_tokens"] == 8184
+
+
+def test_pinned_kv_bytes_plan_from_memory_fit():
+    obs = [{"max_model_len": 16384, "kv_tokens": 18272, "kv_memory_gib": 7.0}]
+    recipe = {"kv_cache_memory_bytes": 15032385536, "max_num_seqs": 4}
+    result = run_module(kv_budget, {"observations": obs, "recipe": recipe}).result
+    assert result["memory_source"] == "recipe.kv_cache_memory_bytes"
+    assert result["kv_tokens"]["worst"] == pytest.approx(36544, abs=50)
+    assert ids(result) == ["F1"]
+
+
+def test_check_mode_is_the_same():
+    args = {"observations": SEED000, "granularity": 8192}
+    assert run_module(kv_budget, args, check_mode=True).result == run_module(kv_budget, args).result
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({}, "no observations and no available_kv_gib"),
+        (
+            {"available_kv_gib": -3.0, "per_token_kib": 400.0},
+            "available_kv_gib must be greater than 0",
+        ),
+        (
+            {"observations": SEED000, "prompt_floor": 30000, "recipe": {"max_model_len": 16384}},
+            "recipe.max_model_len 16384 is below prompt_floor 30000",
+        ),
+        ({"observations": SEED000, "prompt_floor": -5}, "prompt_floor must not be negative"),
+        ({"observations": [{"kv_tokens": 1}]}, "observations[0].max_model_len is missing"),
+        ({"observations": SEED000, "recipe": {"max_num_seqs": "x"}}, "recipe.max_num_seqs"),
+    ],
+)
+def test_bad_input_fails_naming_the_option(args, message):
+    outcome = run_module(kv_budget, args)
+    assert outcome.failed
+    assert message in outcome.result["msg"]
+
+
+def test_nothing_fits_is_f12():
+    result = run_module(
+        kv_budget, {"observations": [{"max_model_len": 4096, "kv_tokens": 500}]}
+    ).result
+    assert result["max_model_len"] == 0
+    assert ids(result) == ["F12"]
+    assert result["feasible"] is False
