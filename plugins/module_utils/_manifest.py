@@ -32,7 +32,7 @@ from typing import Any
 
 MANIFEST_FORMAT = "localinference.vllm/weights-manifest-v1"
 MANIFEST_DIR = "localinference-manifests"
-CHUNK_BYTES = 4 * 1024 * 1024
+CHUNK_BYTES = 1024 * 1024  # fits in L2: measured faster than 4 MiB
 # safetensors' own reader refuses headers above 100 MB.
 MAX_SAFETENSORS_HEADER = 100_000_000
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
