@@ -27,7 +27,9 @@ _VERSION_RES = (
 _BOOT_RES = (re.compile(r"non-default args:"),)
 _KV_SIZE = re.compile(rf"\b(GPU|CPU|XPU|TPU|HPU|NPU) KV cache size:\s*({_NUM}) tokens")
 _CONCURRENCY = re.compile(rf"Maximum concurrency for ({_NUM}) tokens per request:\s*({_FLT})x")
-_AVAILABLE_KV = re.compile(rf"Available KV cache memory:\s*({_FLT}) GiB")
+_AVAILABLE_KV = re.compile(
+    rf"Available KV cache memory:\s*({_FLT}) GiB|Explicitly set \(({_FLT})/{_FLT}\) GiB for KV cache"
+)
 _SKIPPED = re.compile(
     rf"reserved ({_FLT}) GiB memory for KV Cache as specified by kv_cache_memory_bytes",
     re.IGNORECASE,
@@ -312,7 +314,7 @@ def parse_log(text: str) -> dict[str, Any]:
             key = rank if rank is not None else 0
             if boot["kv_cache_tokens"] is not None:
                 new_boot()
-            boot["available_kv_gib"][key] = float(match.group(1))
+            boot["available_kv_gib"][key] = float(match.group(1) or match.group(2))
         match = _SKIPPED.search(line)
         if match:
             boot["profiling_skipped"] = True
