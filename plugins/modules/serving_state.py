@@ -177,6 +177,15 @@ live_hash:
   description: Recipe hash of the live document before this run, or null.
   returned: always
   type: str
+live_recipe:
+  description: The recipe of the live document before this run (the rollback target of this run), or null.
+  returned: always
+  type: dict
+live_start_order:
+  description: Services the live document says run on this node (what C(rm) stops), in start order.
+  returned: always
+  type: list
+  elements: str
 live_matches:
   description: Whether the live document and unit files equal the inventory's ask.
   returned: always
@@ -324,6 +333,8 @@ def main():
         "environment": document["environment"],
         "problems": problems(recipe),
         "live_hash": (live or {}).get("recipe_hash"),
+        "live_start_order": (live or {}).get("start_order") or [],
+        "live_recipe": (live or {}).get("recipe"),
         "live_matches": not live_diff,
         "differences": live_diff,
     }
