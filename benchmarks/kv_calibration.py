@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Calibrate the KV model on real vLLM and check one prediction against a third boot.
+
+Boots the controller's CPU vLLM (``lab/bin/vllm-boot``, the tiny lab model) at
+two configurations, reads each log with the collection's parser, fits the
+per-request cost ``a + b*L`` with the collection's KV model, predicts the KV
+tokens of a third configuration, boots it and prints the relative error.
+Three boots, each bounded by a timeout; every server started is stopped.
+
+    .venv/bin/python benchmarks/kv_calibration.py [--port 18150] [--save-logs DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+COLLECTIONS = ROOT / ".lab" / "collections"
+if str(COLLECTIONS) not in sys.path:
+    sys.path.insert(0, str(COLLECTIONS))
+
+from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (  # noqa: E402
+    boot_memory,
+    fit_boots,
+    group_boots,
+    normalise_observations,
+    predict_concurrency,
+    predict_tokens,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (  # noqa: E402
+    parse_log,
+    to_observations,
+)
+
+BOOT = ROOT / "lab" / "bin" / "vllm-boot"
+# (VLLM_CPU_KVCACHE_SPACE GiB, max_model_len): two to calibrate, one to predict
+CALIBRATE = ((1, 4096), (1, 16384))
+PREDICT = (2, 8192)
+
+
+def boot(kv_gib: int, max_model_len: int, port: int, timeout: int) -> str:
+    """Boot, read the log, stop. Returns the log text."""
+    argv = [str(BOOT), "start", "--kv-gib", str(kv_gib), "--max-model-len", str(max_model_len)]
+    argv += ["--port", str(port), "--timeout", str(timeout)]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout + 60, check=False
+        )
+        log_path = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+        if done.returncode != 0:
+            tail = (
+                Path(log_path).read_text()[-2000:] if log_path and Path(log_path).exists() else ""
+            )
+            raise RuntimeError(
+                f"vllm-boot start failed (rc={done.returncode}): {done.stderr}\n{tail}"
+            )
+        return Path(log_path).read_text()
+    finally:
+        subprocess.run(
+            [str(BOOT), "stop", "--port", str(port)], capture_output=True, timeout=60, check=False
+        )
+
+
+def observe(text: str, kv_gib: int, stamp: str) -> list[dict[str, Any]]:
+    parsed = parse_log(text)
+    if parsed["kv_cache_tokens"] is None:
+        raise RuntimeError(f"no KV cache size in the log of boot {stamp}: {parsed['errors']}")
+    return to_observations(
+        parsed, host="controller", recorded_at=stamp, kv_memory_gib=float(kv_gib)
+    )
+
+
+def run(port: int = 18150, timeout: int = 240, save_logs: Path | None = None) -> dict[str, Any]:
+    observations: list[dict[str, Any]] = []
+    logs: dict[str, str] = {}
+    for kv_gib, length in CALIBRATE:
+        name = f"cpu-calibration-{kv_gib}g-{length}"
+        logs[name] = boot(kv_gib, length, port, timeout)
+        observations += observe(logs[name], kv_gib, name)
+    fit = fit_boots(group_boots(normalise_observations(observations)))
+    kv_gib, length = PREDICT
+    predicted_tokens = predict_tokens(fit, float(kv_gib), length)
+    predicted_concurrency = predict_concurrency(fit, float(kv_gib), length)
+    name = f"cpu-calibration-{kv_gib}g-{length}"
+    logs[name] = boot(kv_gib, length, port, timeout)
+    parsed = parse_log(logs[name])
+    reported = parsed["kv_cache_tokens"]
+    if save_logs:
+        save_logs.mkdir(parents=True, exist_ok=True)
+        for key, text in logs.items():
+            (save_logs / f"{key}.log").write_text(text)
+    boots = group_boots(normalise_observations(observations))
+    return {
+        "version": parsed["version"],
+        "calibration": [
+            {
+                "kv_gib": b.memory_gib,
+                "max_model_len": b.max_model_len,
+                "kv_tokens": b.kv_tokens,
+                "memory": boot_memory(fit, b),
+            }
+            for b in boots
+        ],
+        "model": fit.as_dict(),
+        "predicted": {
+            "kv_gib": kv_gib,
+            "max_model_len": length,
+            "kv_tokens": predicted_tokens,
+            "max_concurrency": round(predicted_concurrency, 2),
+        },
+        "reported": {
+            "kv_tokens": reported,
+            "max_concurrency": parsed["max_concurrency"],
+            "max_model_len": parsed["concurrency_max_model_len"],
+        },
+        "relative_error": abs(predicted_tokens - reported) / reported,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--port", type=int, default=18150)
+    parser.add_argument("--timeout", type=int, default=240)
+    parser.add_argument("--save-logs", type=Path)
+    args = parser.parse_args()
+    if not BOOT.exists() or shutil.which("curl") is None:
+        print(f"needs {BOOT} and curl (the lab's vLLM CPU build)", file=sys.stderr)
+        return 2
+    result = run(args.port, args.timeout, args.save_logs)
+    print(json.dumps(result, indent=2))
+    print(
+        f"predicted {result['predicted']['kv_tokens']:,} tokens at {PREDICT[0]} GiB / {PREDICT[1]:,};"
+        f" vLLM reported {result['reported']['kv_tokens']:,}; error {result['relative_error']:.4%}"
+    )
+    return 0 if result["relative_error"] <= 0.01 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Calibrate the KV model on real vLLM (CPU build, tiny lab model) and check a prediction.
+
+Two boots at different max_model_len calibrate a + b*L; a third boot at another
+KV size and context must report the predicted KV tokens within 1%. Three boots
+of about 30 s each, each bounded; benchmarks/kv_calibration.py stops every
+server it starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks" / "kv_calibration.py"
+VLLM = ROOT / ".lab" / "vllm-venv" / "bin" / "vllm"
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(
+        not VLLM.exists() or shutil.which("curl") is None,
+        reason="needs the lab's CPU vLLM (.lab/vllm-venv, made by make bootstrap/lab) and curl",
+    ),
+]
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("kv_calibration", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_prediction_matches_vllm_within_one_percent(tmp_path):
+    result = _benchmark().run(port=18150, timeout=300, save_logs=tmp_path)
+    assert result["model"]["calibrated"] is True
+    assert result["model"]["distinct_lengths"] == 2
+    assert result["reported"]["max_model_len"] == result["predicted"]["max_model_len"]
+    assert result["relative_error"] <= 0.01, result
+    concurrency = result["reported"]["max_concurrency"]
+    assert abs(concurrency - result["predicted"]["max_concurrency"]) / concurrency <= 0.01
+    # the logs of this run parse as the collection's fixtures do
+    assert sorted(p.name for p in tmp_path.glob("cpu-calibration-*.log")) == [
+        "cpu-calibration-1g-16384.log",
+        "cpu-calibration-1g-4096.log",
+        "cpu-calibration-2g-8192.log",
+    ]
