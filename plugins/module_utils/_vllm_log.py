@@ -25,10 +25,15 @@ _VERSION_RES = (
     re.compile(r"Initializing a V\d LLM engine \(v(\d+\.\d+[\w.+-]*)\)"),
 )
 _BOOT_RES = (re.compile(r"non-default args:"),)
+_ARG = re.compile(
+    r"'(max_model_len|kv_cache_memory_bytes|gpu_memory_utilization|max_num_seqs"
+    r"|max_num_batched_tokens|tensor_parallel_size)': ([\d.]+)"
+)
 _KV_SIZE = re.compile(rf"\b(GPU|CPU|XPU|TPU|HPU|NPU) KV cache size:\s*({_NUM}) tokens")
 _CONCURRENCY = re.compile(rf"Maximum concurrency for ({_NUM}) tokens per request:\s*({_FLT})x")
 _AVAILABLE_KV = re.compile(
-    rf"Available KV cache memory:\s*({_FLT}) GiB|Explicitly set \(({_FLT})/{_FLT}\) GiB for KV cache"
+    rf"Available KV cache memory:\s*({_FLT}) GiB"
+    rf"|(?:Explicitly|Auto) set \(({_FLT})/{_FLT}\) GiB for KV cache"
 )
 _SKIPPED = re.compile(
     rf"reserved ({_FLT}) GiB memory for KV Cache as specified by kv_cache_memory_bytes",
@@ -37,6 +42,10 @@ _SKIPPED = re.compile(
 _FREE_MEM = re.compile(
     rf"Free memory on device(?: (?P<device>[\w:]+))? \((?P<free>{_FLT})/(?P<total>{_FLT}) GiB\)"
     rf" on startup.*?utilization (?:is )?\((?P<util>{_FLT}), (?P<req>{_FLT}) GiB\)"
+)
+_CPU_KV_MEM = re.compile(
+    rf"Available memory on node (?P<device>\d+) \((?P<free>{_FLT})/(?P<total>{_FLT}) GiB\) on kv cache"
+    rf" allocation is less than requested memory for kv \((?P<kv>-?{_FLT})/(?P<req>{_FLT}) GiB\)"
 )
 _USAGE = re.compile(
     rf"Actual usage is ({_FLT}) GiB for weight, ({_FLT}) GiB for peak activation, "
@@ -134,6 +143,7 @@ def _new_boot(version: str | None) -> dict[str, Any]:
         "scheduled_tokens": None,
         "init_seconds": None,
         "kv_cache_memory_bytes_suggested": {},
+        "args": {},
     }
 
 
@@ -295,8 +305,15 @@ def parse_log(text: str) -> dict[str, Any]:
                 version = match.group(1)
                 boot["version"] = version
                 break
-        if any(p.search(line) for p in _BOOT_RES) and _boot_started(boot):
-            new_boot()
+        if any(p.search(line) for p in _BOOT_RES):
+            if _boot_started(boot):
+                new_boot()
+            for key, value in _ARG.findall(line):
+                boot["args"][key] = float(value) if "." in value else int(value)
+            if "kv_cache_memory_bytes" in boot["args"]:
+                # explicit KV bytes: vLLM skips profiling (GPU builds also say so in words)
+                boot["profiling_skipped"] = True
+                boot["kv_reserved_gib"] = round(boot["args"]["kv_cache_memory_bytes"] / GIB, 4)
         match = _KV_SIZE.search(line)
         if match:
             if boot["kv_cache_tokens"] is not None:
@@ -339,6 +356,19 @@ def parse_log(text: str) -> dict[str, Any]:
                     cudagraph_gib=float(usage.group(4)),
                 )
             boot["startup_memory"][entry["rank"]] = entry
+        match = _CPU_KV_MEM.search(line)
+        if match:
+            key = rank if rank is not None else 0
+            boot["startup_memory"][key] = {
+                "rank": key,
+                "device": f"node {match.group('device')}",
+                "free_gib": float(match.group("free")),
+                "total_gib": float(match.group("total")),
+                "requested_utilization": None,
+                "requested_gib": float(match.group("req")),
+                "requested_kv_gib": float(match.group("kv")),
+                "below_requested": True,
+            }
         for match in _SUGGEST.finditer(line):
             purpose = "fit_requested" if match.group(3) == "fit" else "fully_utilize"
             boot["kv_cache_memory_bytes_suggested"][purpose] = int(match.group(1))
@@ -424,6 +454,7 @@ def parse_log(text: str) -> dict[str, Any]:
         "died_ranks": result["died_ranks"],
         "scheduled_tokens": result["scheduled_tokens"],
         "init_seconds": result["init_seconds"],
+        "args": result["args"],
         "stats": stats,
         "spec_decode": spec,
         "stats_summary": _summarise_stats(stats, spec),
@@ -438,6 +469,8 @@ def parse_log(text: str) -> dict[str, Any]:
 
 
 def _error_message(line: str) -> str | None:
+    if any(level in line for level in (" WARNING ", " INFO ", " DEBUG ")):
+        return None
     match = _ERROR.search(line)
     if match:
         return match.group(1).strip()

@@ -215,3 +215,34 @@ def test_available_memory_with_per_token_cost():
     assert plan["kv_tokens"]["worst"] == pytest.approx(20971, abs=2)
     assert plan["max_model_len"] == 20480
     assert plan["memory_source"] == "available_kv_gib"
+
+
+def test_calibration_from_real_cpu_logs():
+    """The lab's real CPU-vLLM boots: two calibrate, the others are predicted within 1%."""
+    from pathlib import Path
+
+    from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
+        parse_log,
+        to_observations,
+    )
+
+    logs = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-logs"
+
+    def observed(name):
+        parsed = parse_log((logs / name).read_text())
+        return to_observations(parsed, host="controller", recorded_at=name)
+
+    calibration = observed("cpu-calibration-1g-4096.log") + observed("cpu-calibration-1g-16384.log")
+    fit = fit_boots(group_boots(normalise_observations(calibration)))
+    assert fit.calibrated is True and fit.fit_error < 0.01
+    for name in (
+        "cpu-calibration-2g-8192.log",
+        "real-cpu-kvbytes64m-len16384.log",
+        "real-cpu-kv2g-len32768.log",
+    ):
+        path = logs / name
+        if not path.exists():
+            continue
+        (entry,) = observed(name)
+        predicted = predict_tokens(fit, entry["kv_memory_gib"], entry["max_model_len"])
+        assert abs(predicted - entry["kv_tokens"]) / entry["kv_tokens"] <= 0.01, name

@@ -314,13 +314,44 @@ def test_to_observations_explicit_memory_wins() -> None:
 
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("*cpu-*.log")), ids=lambda p: p.name)
 def test_real_cpu_logs(path: Path) -> None:
-    """Logs produced by the real CPU vLLM 0.32.0 in the lab."""
+    """Logs produced by the real CPU vLLM 0.32.0 in the lab: a boot, or a start error."""
     parsed = parse_log(path.read_text())
-    assert parsed["version"]
+    assert parsed["version"] == "0.32.0"
     if parsed["kv_insufficient"]:
-        assert parsed["estimated_max_model_len"] or parsed["kv_available_gib"] == 0
+        assert parsed["estimated_max_model_len"] < parsed["requested_max_model_len"]
+        assert parsed["kv_needed_gib"] > parsed["kv_available_gib"]
+    elif parsed["kv_cache_tokens"] is None:
+        assert parsed["errors"]
+        assert any(m["below_requested"] for m in parsed["startup_memory"])
     else:
         assert parsed["kv_cache_device"] == "CPU"
-        assert parsed["kv_cache_tokens"] > 0
+        assert parsed["available_kv_gib"]
         tokens = parsed["max_concurrency"] * parsed["concurrency_max_model_len"]
         assert abs(tokens - parsed["kv_cache_tokens"]) <= parsed["concurrency_max_model_len"] * 0.01
+
+
+def test_real_cpu_insufficient_kv():
+    parsed = parse_log((FIXTURES / "cpu-insufficient-kv-32768.log").read_text())
+    assert parsed["kv_insufficient"] is True
+    assert (parsed["requested_max_model_len"], parsed["estimated_max_model_len"]) == (32768, 17024)
+    assert (parsed["kv_needed_gib"], parsed["kv_available_gib"]) == (0.02, 0.01)
+    assert parsed["kv_cache_tokens"] is None
+
+
+def test_real_cpu_calibration_boot():
+    parsed = parse_log((FIXTURES / "cpu-calibration-2g-8192.log").read_text())
+    assert (parsed["kv_cache_tokens"], parsed["max_concurrency"]) == (4194304, 512.0)
+    assert parsed["available_kv_gib"] == [{"rank": 0, "gib": 2.0}]
+    assert parsed["errors"] == []
+
+
+def test_warnings_are_not_errors():
+    line = (
+        "(APIServer pid=1) WARNING 11-29 11:06:09 [system_utils.py:255] Found ulimit of 20000 and failed"
+        " to automatically increase with error current limit exceeds maximum limit. This can cause fd"
+        " limit errors like `OSError: [Errno 24] Too many open files`."
+    )
+    assert parse_log(line)["errors"] == []
+    assert parse_log("OSError: [Errno 14] Bad address")["errors"] == [
+        "OSError: [Errno 14] Bad address"
+    ]
