@@ -8,18 +8,18 @@ module: kv_budget
 short_description: Plan max_model_len, concurrency and the opencode client budget from vLLM's reports
 version_added: 0.1.0
 description:
-  - Fits memory per request M(L) = a + b*L from observed boots (vLLM's reported KV tokens at a
+  - Fits the KV memory one request needs, C(a + b*L), from observed boots (vLLM's reported KV tokens at a
     C(max_model_len), with KV memory per rank when known) and picks the largest C(max_model_len)
     that is a multiple of O(granularity) and meets O(min_concurrency) at the worst observed boot
     and weakest rank.
   - Without C(kv_memory_gib) in the observations it plans in tokens, assuming a boot's token count
-    does not depend on C(max_model_len), and says so in RV(model.notes).
+    does not depend on C(max_model_len), and says so in C(model.notes).
   - Computes the tokens vLLM schedules per step under parallel drafting, an active-sequence table,
     opencode's C(limit.*) and C(compaction.reserved) for the chosen context, and lints a recipe
     against the failure catalog (F1 F2 F3 F6 F8 F9 F12 F14 F15 F16 F17).
   - Runs on the controller; reads and changes nothing.
 author:
-  - localinference.vllm developers
+  - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.INFO
@@ -156,7 +156,7 @@ calibrated:
   type: bool
 model:
   description:
-    - The fit M(L) = a + b*L per rank; C(mode) is C(memory) (GiB) or C(tokens), C(fit_error) the
+    - The fit of C(a + b*L) per rank; C(mode) is C(memory) (GiB) or C(tokens), C(fit_error) the
       largest relative error of predicted tokens over the observations, C(notes) the assumptions.
   returned: always
   type: dict
@@ -247,18 +247,18 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint i
 ARGUMENT_SPEC: dict[str, Any] = {
     "observations": {"type": "list", "elements": "dict", "default": []},
     "available_kv_gib": {"type": "float"},
-    "per_token_kib": {"type": "float"},
+    "per_token_kib": {"type": "float", "no_log": False},
     "min_concurrency": {"type": "float", "default": 1.0},
     "preferred_concurrency": {"type": "float"},
     "granularity": {"type": "int", "default": 1024},
     "model_max_len": {"type": "int"},
     "max_num_seqs": {"type": "int"},
-    "max_num_batched_tokens": {"type": "int"},
-    "speculative_tokens": {"type": "int"},
+    "max_num_batched_tokens": {"type": "int", "no_log": False},
+    "speculative_tokens": {"type": "int", "no_log": False},
     "parallel_drafting": {"type": "bool"},
     "prompt_floor": {"type": "int"},
-    "output_tokens": {"type": "int"},
-    "reserved_tokens": {"type": "int"},
+    "output_tokens": {"type": "int", "no_log": False},
+    "reserved_tokens": {"type": "int", "no_log": False},
     "client_limits": {"type": "dict"},
     "recipe": {"type": "dict", "default": {}},
     "host_limits": {"type": "dict"},

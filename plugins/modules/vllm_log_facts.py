@@ -16,7 +16,7 @@ description:
     that died, the speculative scheduled-token warning, periodic stats and spec-decode metrics.
   - Returns C(observations), ready to append to C(/var/lib/localinference/observations.json).
 author:
-  - localinference.vllm developers
+  - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.FACTS
@@ -45,10 +45,10 @@ options:
     type: int
     default: 20000
   host:
-    description: Host name recorded in RV(ansible_facts.vllm_log.observations).
+    description: Host name recorded in C(vllm_log.observations).
     type: str
   recipe_hash:
-    description: Recipe hash recorded in RV(ansible_facts.vllm_log.observations).
+    description: Recipe hash recorded in C(vllm_log.observations).
     type: str
   kv_memory_gib:
     description:
