@@ -1,0 +1,149 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Weights stage against the real lab: faults on the worker are caught and repaired.
+
+Runs playbooks/weights.yml (the same play `site.yml --tags weights` runs) on
+the two lab hosts, damages the worker's copy with `podman exec`, and checks
+from outside that each fault is detected, repaired over the cluster link, and
+that a run over an unchanged snapshot copies nothing and hashes nothing.
+
+Faults, one file each: truncate (caught by size), delete (missing), and one
+byte flipped in place with size and mtime kept (invisible to the fast path by
+design, caught by model_weights_verify_full=true).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAYBOOK = ROOT / "playbooks" / "weights.yml"
+INVENTORY = ROOT / "inventories" / "lab" / "hosts.yml"
+SNAPSHOT = "/srv/models/hub/models--localinference--tiny-deepseek/snapshots/5eed0c0ffee0000000000000000000000000000a"
+HEAD, WORKER = "spark-head", "spark-worker"
+VERIFY_TASK = "Compare this node's copy with the head's manifest"
+CREATE_TASK = "Record the head's snapshot in its manifest"
+REVERIFY_TASK = "Verify the copied files by hash"
+
+
+def _lab_running() -> bool:
+    if shutil.which("podman") is None:
+        return False
+    out = subprocess.run(
+        ["podman", "ps", "--format", "{{.Names}}"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    return HEAD in out and WORKER in out
+
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(not _lab_running(), reason="needs the lab hosts (make lab-up / make lab)"),
+]
+
+
+def podman_exec(host: str, *argv: str) -> str:
+    return subprocess.run(
+        ["podman", "exec", host, *argv], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+
+
+def sha256(host: str, rel: str) -> str:
+    return podman_exec(host, "sha256sum", f"{SNAPSHOT}/{rel}").split()[0]
+
+
+class Run:
+    """One ansible-playbook run, read through the json callback."""
+
+    def __init__(self, *extra_vars: str) -> None:
+        env = dict(os.environ)
+        env.update(
+            ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+            ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+            ANSIBLE_NOCOLOR="1",
+        )
+        argv = [
+            str(ROOT / ".venv" / "bin" / "ansible-playbook"),
+            "-i",
+            str(INVENTORY),
+            str(PLAYBOOK),
+        ]
+        for var in extra_vars:
+            argv += ["-e", var]
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900, check=False
+        )
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        self.data = json.loads(proc.stdout[proc.stdout.index("{") :])
+
+    def result(self, task: str, host: str) -> dict | None:
+        for play in self.data["plays"]:
+            for entry in play["tasks"]:
+                if entry["task"]["name"].endswith(task) and host in entry["hosts"]:
+                    return entry["hosts"][host]
+        return None
+
+    def changed(self, host: str) -> int:
+        return self.data["stats"][host]["changed"]
+
+
+@pytest.fixture(scope="module")
+def converged():
+    Run()  # first run: stage on the head, copy to the worker (or nothing, if done before)
+    return {
+        rel: sha256(HEAD, rel) for rel in ("model.safetensors", "tokenizer.json", "config.json")
+    }
+
+
+def assert_quiet(run: Run) -> None:
+    for host in (HEAD, WORKER):
+        assert run.changed(host) == 0, f"{host} changed on a run over an unchanged snapshot"
+    assert run.result(CREATE_TASK, HEAD)["hashed"] == 0
+    assert run.result(VERIFY_TASK, WORKER)["hashed"] == 0
+    assert run.result(VERIFY_TASK, WORKER)["mismatched"] == []
+
+
+def test_second_run_changes_nothing_and_hashes_nothing(converged):
+    assert_quiet(Run())
+
+
+def test_faults_are_detected_and_repaired(converged):
+    path = f"{SNAPSHOT}/model.safetensors"
+    podman_exec(WORKER, "truncate", "-s", "100", f"{SNAPSHOT}/tokenizer.json")
+    podman_exec(WORKER, "rm", "-f", f"{SNAPSHOT}/config.json")
+    # one byte flipped in the middle of the tensor data; size and mtime kept
+    podman_exec(
+        WORKER,
+        "python3",
+        "-c",
+        "import os,sys;p=sys.argv[1];s=os.stat(p);f=open(p,'r+b');f.seek(s.st_size//2);b=f.read(1);"
+        "f.seek(s.st_size//2);f.write(bytes([b[0]^0xFF]));f.close();os.utime(p,ns=(s.st_atime_ns,s.st_mtime_ns))",
+        path,
+    )
+    assert sha256(WORKER, "model.safetensors") != converged["model.safetensors"]
+
+    # The fast path catches the truncation and the deletion, and repairs them.
+    fast = Run()
+    reasons = {m["path"]: m["reason"] for m in fast.result(VERIFY_TASK, WORKER)["mismatched"]}
+    assert reasons["tokenizer.json"].startswith("size 100 differs")
+    assert reasons["config.json"] == "missing"
+    assert "model.safetensors" not in reasons  # same size and mtime: invisible without full
+    assert fast.result(REVERIFY_TASK, WORKER)["ok"] is True
+    for rel in ("tokenizer.json", "config.json"):
+        assert sha256(WORKER, rel) == converged[rel]
+
+    # Full verification catches the flipped byte; the next run repairs it.
+    full = Run("model_weights_verify_full=true")
+    mismatched = full.result(VERIFY_TASK, WORKER)["mismatched"]
+    assert [m["path"] for m in mismatched] == ["model.safetensors"]
+    assert mismatched[0]["reason"].startswith("sha256")
+    assert full.result(REVERIFY_TASK, WORKER)["hashed"] == 1
+    assert sha256(WORKER, "model.safetensors") == converged["model.safetensors"]
+
+    # Repaired: the next run copies nothing and hashes nothing.
+    assert_quiet(Run())
