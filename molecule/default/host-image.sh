@@ -9,7 +9,8 @@ cache=${LAB_CACHE:-$(cd "$(dirname "$0")/../.." && pwd)/.lab/cache}
 mirror=${LAB_MIRROR:-http://deb.debian.org/debian}
 packages=systemd,systemd-sysv,udev,dbus,python3,python3-venv,iproute2,iputils-ping,procps,sudo,
 packages+=network-manager,ethtool,podman,crun,netavark,aardvark-dns,iptables,
-packages+=rsync,openssh-server,openssh-client,curl,ca-certificates,iperf3,kmod,libnuma1,psmisc
+packages+=rsync,openssh-server,openssh-client,curl,ca-certificates,iperf3,kmod,libnuma1,psmisc,
+packages+=python-is-python3
 stamp=$(cat "$0" | sha256sum | cut -c1-12)
 
 if podman image exists "$image" \
