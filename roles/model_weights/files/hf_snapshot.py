@@ -68,14 +68,17 @@ def directory_bytes(path: str) -> int:
 def format_progress(
     done: int, total: int, elapsed: float, previous: tuple[int, float] | None
 ) -> str:
-    gib = 1024**3
-    rate = (
-        (done - previous[0]) / max(elapsed - previous[1], 1e-6)
-        if previous
-        else done / max(elapsed, 1e-6)
-    )
+    """One progress line: bytes done of total, share, rate since the previous line."""
+    unit, name = (1024**3, "GiB") if total >= 1024**3 else (1024**2, "MiB")
+    if previous:
+        rate = (done - previous[0]) / max(elapsed - previous[1], 1e-6)
+    else:
+        rate = done / max(elapsed, 1e-6)
     pct = 100.0 * done / total if total else 100.0
-    return f"{time.strftime('%H:%M:%S')} {done / gib:.2f}/{total / gib:.2f} GiB {pct:5.1f}% {rate / 1024**2:.1f} MiB/s"
+    return (
+        f"{time.strftime('%H:%M:%S')} {done / unit:.2f}/{total / unit:.2f} {name} "
+        f"{pct:5.1f}% {rate / 1024**2:.1f} MiB/s"
+    )
 
 
 class Progress(threading.Thread):
@@ -147,7 +150,6 @@ def main(argv: list[str] | None = None) -> int:
         "max_workers": args.max_workers,
     }
     try:
-        os.makedirs(args.cache_dir, exist_ok=True)
         planned = snapshot_download(dry_run=True, **common)
         plan = plan_space(
             planned,
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         if "msg" in plan:
             print(json.dumps(result))
             return 3
+        os.makedirs(args.cache_dir, exist_ok=True)
         progress = None
         if args.progress_log and plan["needed_bytes"]:
             repo_dir = os.path.join(args.cache_dir, "models--" + args.repo_id.replace("/", "--"))
