@@ -1,13 +1,15 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Calibrate the KV model on real vLLM and check one prediction against a third boot.
 
-Boots the controller's CPU vLLM (``lab/bin/vllm-boot``, the tiny lab model) at
-two configurations, reads each log with the collection's parser, fits the
+Boots the controller's CPU vLLM (``lab/bin/vllm-boot``) on a hybrid variant of
+the tiny lab model (one sliding-window layer of 512 tokens, one full-attention
+layer, like the fixed-plus-per-token cost of DeepSeek V4's cache) at two
+configurations, reads each log with the collection's parser, fits the
 per-request cost ``a + b*L`` with the collection's KV model, predicts the KV
 tokens of a third configuration, boots it and prints the relative error.
 Three boots, each bounded by a timeout; every server started is stopped.
 
-    .venv/bin/python benchmarks/kv_calibration.py [--port 18150] [--save-logs DIR]
+    .venv/bin/python benchmarks/kv_calibration.py [--model hybrid|plain] [--port 18150] [--save-logs DIR]
 """
 
 from __future__ import annotations
@@ -39,15 +41,43 @@ from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log impo
 )
 
 BOOT = ROOT / "lab" / "bin" / "vllm-boot"
+TINY_MODEL = ROOT / "lab" / "bin" / "tiny-model"
+SLIDING_WINDOW = 512
+# pinned: the sliding-window layer's cost per request depends on it
+BATCHED_TOKENS = 2048
 # (VLLM_CPU_KVCACHE_SPACE GiB, max_model_len): two to calibrate, one to predict
 CALIBRATE = ((1, 4096), (1, 16384))
 PREDICT = (2, 8192)
 
 
-def boot(kv_gib: int, max_model_len: int, port: int, timeout: int) -> str:
+def model_path(kind: str) -> Path:
+    """The lab's tiny model, or its hybrid variant (made once next to it)."""
+    done = subprocess.run(
+        [str(TINY_MODEL)], capture_output=True, text=True, timeout=600, check=True
+    )
+    plain = Path(done.stdout.strip().splitlines()[-1])
+    if kind == "plain":
+        return plain
+    hybrid = plain.parent / f"{plain.name}-hybrid-sw{SLIDING_WINDOW}"
+    config = json.loads((plain / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    config["layer_types"] = ["sliding_attention", *["full_attention"] * (layers - 1)]
+    config["sliding_window"] = SLIDING_WINDOW
+    if (
+        not (hybrid / "config.json").exists()
+        or json.loads((hybrid / "config.json").read_text()) != config
+    ):
+        shutil.rmtree(hybrid, ignore_errors=True)
+        shutil.copytree(plain, hybrid)
+        (hybrid / "config.json").write_text(json.dumps(config, indent=2))
+    return hybrid
+
+
+def boot(kv_gib: int, max_model_len: int, port: int, timeout: int, model: Path) -> str:
     """Boot, read the log, stop. Returns the log text."""
     argv = [str(BOOT), "start", "--kv-gib", str(kv_gib), "--max-model-len", str(max_model_len)]
-    argv += ["--port", str(port), "--timeout", str(timeout)]
+    argv += ["--port", str(port), "--timeout", str(timeout), "--model", str(model)]
+    argv += ["--", "--max-num-batched-tokens", str(BATCHED_TOKENS)]
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout + 60, check=False
@@ -76,19 +106,24 @@ def observe(text: str, kv_gib: int, stamp: str) -> list[dict[str, Any]]:
     )
 
 
-def run(port: int = 18150, timeout: int = 240, save_logs: Path | None = None) -> dict[str, Any]:
+def run(
+    port: int = 18150, timeout: int = 240, save_logs: Path | None = None, kind: str = "hybrid"
+) -> dict[str, Any]:
+    model = model_path(kind)
     observations: list[dict[str, Any]] = []
     logs: dict[str, str] = {}
     for kv_gib, length in CALIBRATE:
-        name = f"cpu-calibration-{kv_gib}g-{length}"
-        logs[name] = boot(kv_gib, length, port, timeout)
+        name = f"cpu-calibration-{kind}-{kv_gib}g-{length}"
+        logs[name] = boot(kv_gib, length, port, timeout, model)
         observations += observe(logs[name], kv_gib, name)
     fit = fit_boots(group_boots(normalise_observations(observations)))
+    # what one boot alone (a = 0, uncalibrated) would have predicted
+    single = fit_boots(group_boots(normalise_observations(observations[:1])))
     kv_gib, length = PREDICT
     predicted_tokens = predict_tokens(fit, float(kv_gib), length)
     predicted_concurrency = predict_concurrency(fit, float(kv_gib), length)
-    name = f"cpu-calibration-{kv_gib}g-{length}"
-    logs[name] = boot(kv_gib, length, port, timeout)
+    name = f"cpu-calibration-{kind}-{kv_gib}g-{length}"
+    logs[name] = boot(kv_gib, length, port, timeout, model)
     parsed = parse_log(logs[name])
     reported = parsed["kv_cache_tokens"]
     if save_logs:
@@ -97,6 +132,7 @@ def run(port: int = 18150, timeout: int = 240, save_logs: Path | None = None) ->
             (save_logs / f"{key}.log").write_text(text)
     boots = group_boots(normalise_observations(observations))
     return {
+        "model_kind": kind,
         "version": parsed["version"],
         "calibration": [
             {
@@ -120,6 +156,8 @@ def run(port: int = 18150, timeout: int = 240, save_logs: Path | None = None) ->
             "max_model_len": parsed["concurrency_max_model_len"],
         },
         "relative_error": abs(predicted_tokens - reported) / reported,
+        "uncalibrated_relative_error": abs(predict_tokens(single, float(kv_gib), length) - reported)
+        / reported,
     }
 
 
@@ -130,15 +168,17 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=18150)
     parser.add_argument("--timeout", type=int, default=240)
     parser.add_argument("--save-logs", type=Path)
+    parser.add_argument("--model", choices=["hybrid", "plain"], default="hybrid")
     args = parser.parse_args()
     if not BOOT.exists() or shutil.which("curl") is None:
         print(f"needs {BOOT} and curl (the lab's vLLM CPU build)", file=sys.stderr)
         return 2
-    result = run(args.port, args.timeout, args.save_logs)
+    result = run(args.port, args.timeout, args.save_logs, args.model)
     print(json.dumps(result, indent=2))
     print(
         f"predicted {result['predicted']['kv_tokens']:,} tokens at {PREDICT[0]} GiB / {PREDICT[1]:,};"
         f" vLLM reported {result['reported']['kv_tokens']:,}; error {result['relative_error']:.4%}"
+        f" (one boot, uncalibrated: {result['uncalibrated_relative_error']:.2%})"
     )
     return 0 if result["relative_error"] <= 0.01 else 1
 

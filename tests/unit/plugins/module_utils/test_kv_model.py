@@ -246,3 +246,32 @@ def test_calibration_from_real_cpu_logs():
         (entry,) = observed(name)
         predicted = predict_tokens(fit, entry["kv_memory_gib"], entry["max_model_len"])
         assert abs(predicted - entry["kv_tokens"]) / entry["kv_tokens"] <= 0.01, name
+
+
+def test_calibration_from_real_hybrid_cpu_logs():
+    """One sliding-window layer (512) + one full layer: T grows with L at fixed memory."""
+    from pathlib import Path
+
+    from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
+        parse_log,
+        to_observations,
+    )
+
+    logs = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-logs"
+
+    def observed(name):
+        return to_observations(parse_log((logs / name).read_text()), host="c", recorded_at=name)
+
+    first = observed("cpu-calibration-hybrid-1g-4096.log")
+    second = observed("cpu-calibration-hybrid-1g-16384.log")
+    assert first[0]["kv_tokens"] == 2532409 and second[0]["kv_tokens"] == 3603160
+    fit = fit_boots(group_boots(normalise_observations(first + second)))
+    assert fit.calibrated is True and fit.a > 0
+    assert round(fit.b * 1024**3) == 256  # bytes per token of the one full-attention layer
+    (third,) = observed("cpu-calibration-hybrid-2g-8192.log")
+    predicted = predict_tokens(fit, third["kv_memory_gib"], third["max_model_len"])
+    assert abs(predicted - third["kv_tokens"]) / third["kv_tokens"] < 0.001
+    # one boot alone (a = 0) is off by about 20%: why calibration needs two lengths
+    single = fit_boots(group_boots(normalise_observations(first)))
+    error = abs(predict_tokens(single, 2.0, 8192) - third["kv_tokens"]) / third["kv_tokens"]
+    assert error > 0.15

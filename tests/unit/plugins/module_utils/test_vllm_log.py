@@ -316,6 +316,11 @@ def test_to_observations_explicit_memory_wins() -> None:
 def test_real_cpu_logs(path: Path) -> None:
     """Logs produced by the real CPU vLLM 0.32.0 in the lab: a boot, or a start error."""
     parsed = parse_log(path.read_text())
+    if "--headless" in path.read_text() or "-worker-" in path.name:
+        # a headless rank logs its own KV memory; the engine's capacity is on the head
+        assert parsed["kv_cache_tokens"] is None and parsed["errors"] == []
+        assert parsed["available_kv_gib"] and parsed["available_kv_gib"][0]["rank"] > 0
+        return
     assert parsed["version"] == "0.32.0"
     if parsed["kv_insufficient"]:
         assert parsed["estimated_max_model_len"] < parsed["requested_max_model_len"]
@@ -355,3 +360,14 @@ def test_warnings_are_not_errors():
     assert parse_log("OSError: [Errno 14] Bad address")["errors"] == [
         "OSError: [Errno 14] Bad address"
     ]
+
+
+def test_real_tp2_head_and_worker():
+    head = FIXTURES / "real-cpu-tp2-mp-head-kv1g-len4096.log"
+    worker = FIXTURES / "real-cpu-tp2-mp-worker-kv1g-len4096.log"
+    if not head.exists() or not worker.exists():
+        pytest.skip("the TP=2 lab logs are not present")
+    on_head = parse_log(head.read_text())
+    assert (on_head["kv_cache_tokens"], on_head["max_concurrency"]) == (4194304, 1024.0)
+    assert on_head["available_kv_gib"] == [{"rank": 0, "gib": 1.0}]
+    assert parse_log(worker.read_text())["available_kv_gib"] == [{"rank": 1, "gib": 1.0}]
