@@ -454,10 +454,9 @@ def create(
     for rel in to_hash:
         res = results[rel]
         error = _hash_error(rel, res)
-        if error:
-            outcome.mismatched.append(error)
+        if error or not isinstance(res, HashResult):
+            outcome.mismatched.append(error or {"path": rel, "reason": "unreadable"})
             continue
-        assert isinstance(res, HashResult)
         outcome.hashed += 1
         outcome.hashed_bytes += res.size
         entry = known.get(rel)
@@ -542,11 +541,11 @@ def verify(
         entry = entries[rel]
         res = results[rel]
         error = _hash_error(rel, res)
-        if error:
+        if error or not isinstance(res, HashResult):
+            error = error or {"path": rel, "reason": "unreadable"}
             error["size"] = entry["size"]
             outcome.mismatched.append(error)
             continue
-        assert isinstance(res, HashResult)
         outcome.hashed += 1
         outcome.hashed_bytes += res.size
         if res.sha256 != entry["sha256"]:

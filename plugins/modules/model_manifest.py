@@ -13,7 +13,7 @@ description:
     C(.safetensors) file (header length, JSON, dtypes, shapes, and that the tensors cover the data
     section exactly, so a truncated file is caught).
   - With O(mode=verify), checks a node's copy against a manifest and reports each missing, truncated or
-    corrupted file in RV(mismatched). It does not fail on a mismatch: the caller decides (the
+    corrupted file in RV(mismatched). It does not fail on a mismatch; the caller decides (the
     P(localinference.vllm.model_weights#role) role re-syncs and verifies again).
   - Fast path. A file whose size and modification time equal the manifest's is trusted and not read,
     so a re-run over an unchanged snapshot hashes nothing (RV(hashed) is V(0)). O(full=true) hashes
@@ -22,7 +22,7 @@ description:
   - When a snapshot file is a link into a Hugging Face cache blob named by its sha256, O(mode=create)
     also checks the content against that name.
 author:
-  - localinference.vllm developers
+  - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
   - localinference.vllm.attributes
 attributes:
