@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 from unittest import mock
@@ -45,12 +46,9 @@ def run_module(module, args: dict[str, Any], check_mode: bool = False) -> Module
         patches.append(patch_module_args(payload))
     except ImportError:
         patches.append(mock.patch.object(basic, "_ANSIBLE_ARGS", serialized))
-    for patch in patches:
-        patch.start()
-    try:
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
         with pytest.raises(ModuleExit) as caught:
             module.main()
-    finally:
-        for patch in reversed(patches):
-            patch.stop()
     return caught.value
