@@ -146,10 +146,12 @@ def render_units(
     if quadlet:
         mount, model_path = model_location(node.weights_path, recipe["revision"])
         env["VLLM_CACHE_ROOT"] = CONTAINER_CACHE
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{CONTAINER_CACHE}/inductor")
         volumes = [f"{mount}:{CONTAINER_MODEL_ROOT}:ro", f"{recipe['cache_dir']}:{CONTAINER_CACHE}"]
     else:
         model_path = node.weights_path
         env["VLLM_CACHE_ROOT"] = recipe["cache_dir"]
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{recipe['cache_dir']}/inductor")
         volumes = []
     env = dict(sorted(env.items()))
     server = serve_argv(recipe, node, model_path)
