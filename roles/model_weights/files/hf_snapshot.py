@@ -124,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-workers", type=int, default=8)
     parser.add_argument("--token-stdin", action="store_true")
     parser.add_argument("--token-file")
+    parser.add_argument(
+        "--endpoint", help="a hub mirror (default: huggingface_hub's, or HF_ENDPOINT)"
+    )
     parser.add_argument("--progress-log")
     parser.add_argument("--progress-interval", type=float, default=15.0)
     args = parser.parse_args(argv)
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "cache_dir": args.cache_dir,
         "token": token,
         "max_workers": args.max_workers,
+        "endpoint": args.endpoint or None,
     }
     try:
         planned = snapshot_download(dry_run=True, **common)

@@ -4,8 +4,8 @@
 
 The real hub is out of reach here, so a small HTTP server on 127.0.0.1 answers
 the three requests huggingface_hub's snapshot_download makes (tree listing,
-HEAD and GET of /resolve/) and the real library, unpatched, downloads through
-HF_ENDPOINT. What this proves: the cache layout, the token on stdin (sent as a
+HEAD and GET of /resolve/) and the real library, unpatched, downloads from it
+(the downloader's --endpoint, the role's model_weights_hub_endpoint). What this proves: the cache layout, the token on stdin (sent as a
 bearer token, never printed), the space check before anything is written,
 resuming a partial download across runs, and that a re-run of a pinned,
 complete snapshot makes no request at all.
@@ -162,6 +162,7 @@ def download(hub, cache: Path, *extra: str, token: str | None = TOKEN, offline: 
         "PATH": os.environ.get("PATH", ""),
         "HOME": str(cache.parent / "home"),
         "HF_HOME": str(cache.parent / "hf-home"),
+        # belt and braces: nothing in these tests may reach out past the stand-in hub
         "HF_ENDPOINT": hub.url,
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "HF_HUB_ETAG_TIMEOUT": "5",
@@ -179,6 +180,8 @@ def download(hub, cache: Path, *extra: str, token: str | None = TOKEN, offline: 
         REV,
         "--cache-dir",
         str(cache),
+        "--endpoint",
+        hub.url,
         *extra,
     ]
     if token is not None:
