@@ -90,7 +90,7 @@ ansible_facts:
           description: Memory limit of the node's cgroup; null when unlimited or unknown.
           type: int
         cgroup_usage_bytes:
-          description: Memory charged to that cgroup; null when unknown.
+          description: Memory charged to that cgroup minus its inactive (reclaimable) file cache; null when unknown.
           type: int
         swap_total_bytes:
           description: C(SwapTotal).
@@ -163,19 +163,27 @@ def _read(path: str) -> str | None:
 
 
 def _cgroup(sys_root: str) -> tuple[int | None, int | None]:
-    """The limit and usage of the cgroup this process sees as its root."""
+    """Limit and usage (minus reclaimable inactive file cache) of this cgroup."""
     base = os.path.join(sys_root, "fs", "cgroup")
-    for limit_file, usage_file in (
-        ("memory.max", "memory.current"),
+    layouts = (
+        ("memory.max", "memory.current", "memory.stat", "inactive_file"),
         (
             os.path.join("memory", "memory.limit_in_bytes"),
             os.path.join("memory", "memory.usage_in_bytes"),
+            os.path.join("memory", "memory.stat"),
+            "total_inactive_file",
         ),
-    ):
+    )
+    for limit_file, usage_file, stat_file, inactive_key in layouts:
         limit_text = _read(os.path.join(base, limit_file))
         usage_text = _read(os.path.join(base, usage_file))
         if limit_text is not None and usage_text is not None:
-            return parse_cgroup_limit(limit_text), int(usage_text.strip())
+            inactive = 0
+            for line in (_read(os.path.join(base, stat_file)) or "").splitlines():
+                key, _, value = line.partition(" ")
+                if key == inactive_key and value.strip().isdigit():
+                    inactive = int(value)
+            return parse_cgroup_limit(limit_text), max(int(usage_text.strip()) - inactive, 0)
     return None, None
 
 
