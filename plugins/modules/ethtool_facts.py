@@ -12,7 +12,7 @@ description:
     address from sysfs.
   - Results are returned under C(ansible_facts.ethtool.<ifname>).
 author:
-  - localinference.vllm contributors
+  - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.FACTS

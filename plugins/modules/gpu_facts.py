@@ -14,7 +14,7 @@ description:
     parts; their memory is taken from O(meminfo_path) (C(MemTotal), C(MemAvailable)) and marked C(unified_memory=true).
   - Results are returned under C(ansible_facts.gpu).
 author:
-  - localinference.vllm contributors
+  - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.FACTS

@@ -15,7 +15,7 @@ description:
     worker; the memory is reported so the plan sizes for it, not reclaimed.
   - Results are returned under C(ansible_facts.memory).
 author:
-  - localinference.vllm contributors
+  - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.FACTS

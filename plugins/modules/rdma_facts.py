@@ -15,7 +15,7 @@ description:
   - When sysfs has no GID table the GID lines of C(ibv_devinfo -v) are used.
   - Results are returned under C(ansible_facts.rdma).
 author:
-  - localinference.vllm contributors
+  - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.FACTS

@@ -71,7 +71,10 @@ def test_memlock_recorded():
 
 
 def test_memlock_unlimited():
-    text = "Limit                     Soft Limit           Hard Limit           Units\nMax locked memory         unlimited            unlimited            bytes\n"
+    text = (
+        "Limit                     Soft Limit           Hard Limit           Units\n"
+        "Max locked memory         unlimited            unlimited            bytes\n"
+    )
     assert parse_memlock(text) == {"soft_bytes": None, "hard_bytes": None}
 
 

@@ -15,6 +15,10 @@ from ansible_collections.localinference.vllm.tests.unit.module_helper import run
 ROOT = Path(__file__).resolve().parents[4]
 FIXTURES = ROOT / "tests" / "unit" / "fixtures"
 STANDIN = ROOT / "lab" / "standins" / "bin" / "nvidia-smi"
+QUERY = (
+    "--query-gpu=index,name,uuid,memory.total,memory.used,memory.free,pci.bus_id,driver_version"
+    " --format=csv"
+)
 
 
 @pytest.fixture
@@ -25,7 +29,7 @@ def h200_smi(tmp_path: Path) -> Path:
         "#!/bin/sh\n"
         f'case "$*" in\n'
         f'  "") cat {FIXTURES}/nvidia-smi/h200-table.txt ;;\n'
-        f'  "--query-gpu=index,name,uuid,memory.total,memory.used,memory.free,pci.bus_id,driver_version --format=csv") cat {FIXTURES}/nvidia-smi/h200-query-gpu.csv ;;\n'
+        f'  "{QUERY}") cat {FIXTURES}/nvidia-smi/h200-query-gpu.csv ;;\n'
         f'  "-q -x") cat {FIXTURES}/nvidia-smi/h200-q-x.xml ;;\n'
         '  *) echo "unexpected argv: $*" >&2; exit 9 ;;\n'
         "esac\n"

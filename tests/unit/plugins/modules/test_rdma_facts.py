@@ -6,7 +6,6 @@ ibv_devinfo and a sysfs GID tree written by make-rdma-sysfs."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,6 @@ STANDINS = Path(__file__).resolve().parents[4] / "lab" / "standins" / "bin"
 def make_tree(root: Path, first_index: int = 2) -> Path:
     subprocess.run(
         [
-            sys.executable,
             str(STANDINS / "make-rdma-sysfs"),
             "--root",
             str(root),
