@@ -1,4 +1,5 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# ruff: noqa: RUF001, RUF002 -- the DeepSeek tokens use fullwidth bars on purpose
 """Generate the lab's tiny DeepSeek-flavoured Llama (no model hub needed).
 
 A deterministic, seeded Llama (hidden 128, 2 layers, head_dim 32 - CPU
@@ -113,7 +114,15 @@ def corpus_digest(files: list[Path]) -> str:
 
 
 def build_tokenizer(files: list[Path]):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -218,8 +227,12 @@ def generate(output: Path, corpus_dir: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, required=True, help="model directory to (re)create")
-    parser.add_argument("--corpus-dir", type=Path, default=CORPUS_DIR, help="tokenizer training text")
-    parser.add_argument("--print-corpus-digest", action="store_true", help="print the corpus digest and exit")
+    parser.add_argument(
+        "--corpus-dir", type=Path, default=CORPUS_DIR, help="tokenizer training text"
+    )
+    parser.add_argument(
+        "--print-corpus-digest", action="store_true", help="print the corpus digest and exit"
+    )
     args = parser.parse_args(argv)
     if args.print_corpus_digest:
         print(corpus_digest(corpus_files(args.corpus_dir)))
