@@ -112,6 +112,8 @@ def _container(
         "[Container]",
         f"ContainerName={name}",
         f"Image={recipe['image']}",
+        # Air-gapped: the image must already be on the node, never pulled at start.
+        "Pull=never",
         "Network=host",
         f"Label=localinference.recipe_hash={digest}",
         f"Entrypoint={entrypoint}",
