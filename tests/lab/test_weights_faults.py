@@ -47,9 +47,9 @@ pytestmark = [
 ]
 
 
-def podman_exec(host: str, *argv: str) -> str:
+def podman_exec(host: str, *argv: str, check: bool = True) -> str:
     return subprocess.run(
-        ["podman", "exec", host, *argv], capture_output=True, text=True, check=True, timeout=60
+        ["podman", "exec", host, *argv], capture_output=True, text=True, check=check, timeout=60
     ).stdout
 
 
@@ -147,3 +147,134 @@ def test_faults_are_detected_and_repaired(converged):
 
     # Repaired: the next run copies nothing and hashes nothing.
     assert_quiet(Run())
+
+
+HUB_TEST_ID = "localinference/hubtest"
+HUB_TOKEN = (
+    "hf_0123456789secret"  # the stand-in hub's token (tests/unit/.../test_manifest_hf_snapshot.py)
+)
+HUB_SNAPSHOT = SNAPSHOT.replace("tiny-deepseek", "hubtest")
+STAND_IN = ROOT / "tests" / "unit" / "plugins" / "module_utils" / "test_manifest_hf_snapshot.py"
+# Serves the lab model's files as repo localinference/hubtest from inside the head: the
+# same stand-in hub as the unit tests, run with the head's own Python (stdlib only).
+SERVE = f"""
+import importlib.util, os, sys, time, types
+sys.modules["pytest"] = types.SimpleNamespace(
+    importorskip=lambda name: None, fixture=lambda f: f,
+    mark=types.SimpleNamespace(parametrize=lambda *a, **k: (lambda f: f)))
+spec = importlib.util.spec_from_file_location("hub", "/root/lab-hub/a/b/c/d/hub.py")
+hub_module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(hub_module)
+hub_module.REPO = "{HUB_TEST_ID}"
+src = "{SNAPSHOT}"
+hub = hub_module.FakeHub({{name: open(os.path.join(src, name), "rb").read() for name in os.listdir(src)}})
+with open("/root/lab-hub/pid", "w") as handle:
+    handle.write(str(os.getpid()))
+with open("/root/lab-hub/url.tmp", "w") as handle:
+    handle.write(hub.url)
+os.replace("/root/lab-hub/url.tmp", "/root/lab-hub/url")
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def stand_in_hub(tmp_path, converged):
+    """A stand-in hub inside the head, and a wheelhouse for its huggingface_hub venv.
+
+    The lab hosts cannot verify PyPI's certificate chain here, so the head installs
+    huggingface_hub from wheels downloaded on the controller (the air-gapped way).
+    """
+    wheels = tmp_path / "wheels"
+    fetched = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "pip"),
+            "download",
+            "-q",
+            "--dest",
+            str(wheels),
+            "--only-binary=:all:",
+            "--python-version",
+            podman_exec(
+                HEAD, "python3", "-c", "import sys;print('%d.%d' % sys.version_info[:2])"
+            ).strip(),
+            "--platform",
+            "manylinux_2_28_x86_64",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "--platform",
+            "manylinux2014_x86_64",
+            "huggingface-hub==2.4.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if fetched.returncode != 0:
+        pytest.skip(f"cannot download huggingface_hub wheels for the head: {fetched.stderr[-500:]}")
+    podman_exec(HEAD, "mkdir", "-p", "/root/lab-hub/a/b/c/d")
+    subprocess.run(["podman", "cp", str(wheels), f"{HEAD}:/root/lab-hub/wheels"], check=True)
+    subprocess.run(
+        ["podman", "cp", str(STAND_IN), f"{HEAD}:/root/lab-hub/a/b/c/d/hub.py"], check=True
+    )
+    server = subprocess.Popen(["podman", "exec", HEAD, "python3", "-c", SERVE])
+    try:
+        url = ""
+        for _ in range(50):
+            probe = subprocess.run(
+                ["podman", "exec", HEAD, "cat", "/root/lab-hub/url"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if probe.returncode == 0 and probe.stdout:
+                url = probe.stdout.strip()
+                break
+            subprocess.run(["sleep", "0.2"], check=True)
+        assert url, "the stand-in hub did not start in the head"
+        yield url
+    finally:
+        # stopping `podman exec` does not stop the process inside the head
+        pid = podman_exec(HEAD, "cat", "/root/lab-hub/pid", check=False).strip()
+        if pid.isdigit():
+            podman_exec(HEAD, "kill", pid, check=False)
+        server.wait(timeout=30)
+        for host in (HEAD, WORKER):
+            podman_exec(host, "rm", "-rf", HUB_SNAPSHOT.rsplit("/snapshots/", 1)[0], check=False)
+        podman_exec(
+            HEAD,
+            "rm",
+            "-rf",
+            "/root/lab-hub",
+            "/opt/localinference/hf-venv",
+            "/srv/models/hub/localinference-download.log",
+            check=False,
+        )
+
+
+def test_hub_source_downloads_on_the_head_and_distributes(stand_in_hub):
+    extra = [
+        "model_weights_source=hub",
+        f"model_weights_id={HUB_TEST_ID}",
+        f"model_weights_hub_endpoint={stand_in_hub}",
+        f"model_weights_hub_token={HUB_TOKEN}",
+        "model_weights_hub_pip_extra_args='--no-index --find-links /root/lab-hub/wheels'",
+    ]
+    first = Run(*extra)
+    assert HUB_TOKEN not in json.dumps(first.data)
+    download = first.result(
+        "Download the revision (space checked first, resumable; progress in the log on the head)",
+        HEAD,
+    )
+    assert download["changed"] is True
+    assert first.result(CREATE_TASK, HEAD)["ok"] is True
+    for rel in ("model.safetensors", "config.json"):
+        head_copy = podman_exec(HEAD, "readlink", "-f", f"{HUB_SNAPSHOT}/{rel}").strip()
+        assert "/blobs/" in head_copy  # the hub cache layout vLLM reads offline
+        assert podman_exec(WORKER, "sha256sum", f"{HUB_SNAPSHOT}/{rel}").split()[0] == sha256(
+            HEAD, rel
+        )
+    again = Run(*extra)
+    for host in (HEAD, WORKER):
+        assert again.changed(host) == 0
+    assert again.result(VERIFY_TASK, WORKER)["hashed"] == 0
