@@ -75,10 +75,10 @@ ansible_facts:
           mac_address: "5e:3c:11:a0:42:07"
 """
 
-import os  # noqa: E402
+import os
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.localinference.vllm.plugins.module_utils._ethtool_facts import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._ethtool_facts import (
     EthtoolParseError,
     parse_driver,
     parse_settings,

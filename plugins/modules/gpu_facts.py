@@ -120,10 +120,10 @@ ansible_facts:
               unified_memory: true
 """
 
-import os  # noqa: E402
+import os
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts import (
     QUERY_FIELDS,
     NvidiaSmiParseError,
     build_facts,
@@ -132,7 +132,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts imp
     parse_table,
     parse_xml,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (  # noqa: E402
+from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (
     ProcParseError,
     parse_meminfo,
 )

@@ -216,24 +216,24 @@ feasible:
   type: bool
 """
 
-from typing import Any  # noqa: E402
+from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.localinference.vllm.plugins.module_utils._client_budget import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._client_budget import (
     MIN_OUTPUT,
     ClientInputError,
     check_client_limits,
     needed_context,
     plan_client,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (  # noqa: E402
+from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (
     GIB,
     KvInputError,
     concurrency_at,
     plan_kv,
     scheduled_tokens,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint import (  # noqa: E402
+from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint import (
     RecipeInputError,
     lint_context,
     lint_offload,

@@ -136,11 +136,11 @@ ansible_facts:
             top_processes: [{pid: 4242, user: alice, uid: 1001, name: opencode, cmdline: opencode, rss_bytes: 943718400}]
 """
 
-import os  # noqa: E402
-import pwd  # noqa: E402
+import os
+import pwd
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (
     ProcParseError,
     memory_summary,
     other_users_processes,

@@ -180,11 +180,11 @@ elapsed_seconds:
   type: float
 """
 
-import os  # noqa: E402
-import time  # noqa: E402
+import os
+import time
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.localinference.vllm.plugins.module_utils._manifest import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._manifest import (
     ManifestError,
     create,
     default_manifest_path,

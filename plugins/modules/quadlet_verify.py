@@ -57,10 +57,10 @@ stderr:
   type: str
 """
 
-import os  # noqa: E402
+import os
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.localinference.vllm.plugins.module_utils._quadlet import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._quadlet import (
     exec_start,
     run_time_conflicts,
     split_dryrun,

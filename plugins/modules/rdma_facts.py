@@ -96,11 +96,11 @@ ansible_facts:
                   gids: {"3": {gid: "0000:0000:0000:0000:0000:ffff:c0a8:640a", type: RoCE v2, netdev: enp1s0f0np0, ipv4: 192.168.100.10}}
 """
 
-import json  # noqa: E402
-import os  # noqa: E402
+import json
+import os
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts import (
     RdmaParseError,
     gid_table,
     parse_ibv_devinfo,

@@ -77,13 +77,13 @@ unit_state:
   type: dict
 """
 
-import json  # noqa: E402
-import time  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.request  # noqa: E402
+import json
+import time
+import urllib.error
+import urllib.request
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.localinference.vllm.plugins.module_utils._ready import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._ready import (
     parse_show,
     sse_token,
     unit_failed,

@@ -205,12 +205,12 @@ previous_hash:
   type: str
 """
 
-import json  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
+import json
+import os
+import tempfile
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
     Node,
     RecipeError,
     normalise,
@@ -218,7 +218,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe import
     problems,
     unknown_flags,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._state import (  # noqa: E402
+from ansible_collections.localinference.vllm.plugins.module_utils._state import (
     desired,
     differences,
     dump,

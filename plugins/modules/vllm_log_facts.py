@@ -112,12 +112,12 @@ ansible_facts:
         scheduled_tokens: null
 """
 
-import datetime  # noqa: E402
-import platform  # noqa: E402
-from typing import Any  # noqa: E402
+import datetime
+import platform
+from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
     parse_log,
     to_observations,
 )

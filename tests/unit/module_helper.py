@@ -19,11 +19,11 @@ class ModuleExit(Exception):
         self.failed = failed
 
 
-def _exit_json(self, **kwargs: Any) -> None:  # noqa: ARG001
+def _exit_json(self, **kwargs: Any) -> None:
     raise ModuleExit(kwargs, failed=False)
 
 
-def _fail_json(self, msg: str, **kwargs: Any) -> None:  # noqa: ARG001
+def _fail_json(self, msg: str, **kwargs: Any) -> None:
     kwargs["msg"] = msg
     kwargs["failed"] = True
     raise ModuleExit(kwargs, failed=True)
