@@ -1,5 +1,5 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-# ruff: noqa: RUF001, RUF002 -- the DeepSeek tokens use fullwidth bars on purpose
+
 """Generate the lab's tiny DeepSeek-flavoured Llama (no model hub needed).
 
 A deterministic, seeded Llama (hidden 128, 2 layers, head_dim 32 - CPU
