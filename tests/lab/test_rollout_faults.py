@@ -163,7 +163,7 @@ def test_edited_state_file_is_caught_by_verify(baseline):
         check=True,
     )
     try:
-        proc = rollout(None, None, "--tags", "verify")
+        proc = rollout(tags="fabric,verify")
         assert proc.returncode != 0
         assert "F10" in proc.flat
         assert "recipe.max_model_len: node has 8192, inventory asks" in proc.flat
@@ -174,7 +174,7 @@ def test_edited_state_file_is_caught_by_verify(baseline):
             text=True,
             check=True,
         )
-    assert rollout(None, None, "--tags", "verify").returncode == 0
+    assert rollout(tags="fabric,verify").returncode == 0
 
 
 def test_stopped_worker_aborts_before_the_head(baseline):
