@@ -63,12 +63,10 @@ def playbook(
     return proc
 
 
-def rollout(
-    recipe: dict | None = None, tmp_path: Path | None = None, *tags: str
-) -> subprocess.CompletedProcess:
-    return playbook(
-        str(ROOT / "playbooks" / "rollout.yml"), *tags, recipe=recipe, tmp_path=tmp_path
-    )
+def rollout(recipe: dict | None = None, tmp_path: Path | None = None, tags: str = "fabric,rollout"):
+    """site.yml's fabric stage (it publishes cluster_network_env), then ``tags``."""
+    site = str(ROOT / "playbooks" / "site.yml")
+    return playbook(site, "--tags", tags, recipe=recipe, tmp_path=tmp_path)
 
 
 def inventory_recipe() -> dict:
