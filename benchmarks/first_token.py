@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Time from the start of a rollout to the first streamed token, against a bare vLLM boot.

@@ -27,7 +27,7 @@ COLLECTIONS = ROOT / ".lab" / "collections"
 if str(COLLECTIONS) not in sys.path:
     sys.path.insert(0, str(COLLECTIONS))
 
-from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (  # noqa: E402
+from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (
     boot_memory,
     fit_boots,
     group_boots,
@@ -35,7 +35,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._kv_model impo
     predict_concurrency,
     predict_tokens,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (  # noqa: E402
+from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
     parse_log,
     to_observations,
 )

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Benchmark model_manifest's hashing (a script, not a timed test).
@@ -27,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / ".lab" / "collections"))
 
-from ansible_collections.localinference.vllm.plugins.module_utils import _manifest as m  # noqa: E402
+from ansible_collections.localinference.vllm.plugins.module_utils import _manifest as m
 
 MIB = 1024 * 1024
 

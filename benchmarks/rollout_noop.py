@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A no-op re-run against the lab, against a plain fact-gathering play on the same hosts.
