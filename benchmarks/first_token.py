@@ -24,7 +24,7 @@ import time
 
 from _lab import ROOT, inventory_recipe, served_max_model_len, streamed_token
 
-BARE_PORT = 18100
+BARE_PORT = 18150
 
 
 def timed_rollout(recipe: dict) -> tuple[float, int]:
