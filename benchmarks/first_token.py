@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Time from the start of a rollout to the first streamed token, against a bare vLLM boot.
 
-A: run playbooks/rollout.yml with the inventory's recipe changed in one place
+A: run site.yml --tags fabric,rollout with the inventory's recipe changed in one place
    (max_model_len minus 1024, so the new boot is recognisable in /v1/models) and
    poll the lab endpoint until the new boot streams its first token; then roll
    the inventory's recipe back (timed the same way: B).
@@ -38,8 +38,13 @@ def timed_rollout(recipe: dict) -> tuple[float, int]:
     def run() -> None:
         from _lab import ansible_playbook
 
+        # site.yml's fabric stage publishes cluster_network_env for the rollout.
         result["seconds"], result["proc"] = ansible_playbook(
-            str(ROOT / "playbooks" / "rollout.yml"), "-e", f"@{handle.name}"
+            str(ROOT / "playbooks" / "site.yml"),
+            "--tags",
+            "fabric,rollout",
+            "-e",
+            f"@{handle.name}",
         )
 
     started = time.monotonic()
