@@ -46,7 +46,7 @@ def lab_up() -> bool:
 
 
 def playbook(
-    *args: str, recipe: dict | None = None, tmp_path: Path | None = None
+    *args: str, recipe: dict | None = None, tmp_path: Path | None = None, extra: str | None = None
 ) -> subprocess.CompletedProcess:
     cmd = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), *EXTRA]
     if recipe is not None:
@@ -54,6 +54,8 @@ def playbook(
         file = tmp_path / f"recipe-{time.monotonic_ns()}.json"
         file.write_text(json.dumps({"vllm_recipe": recipe}))
         cmd += ["-e", f"@{file}"]
+    if extra:
+        cmd += ["-e", f"@{extra}"]
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
     proc = subprocess.run(
         [*cmd, *args], capture_output=True, text=True, cwd=ROOT, env=env, check=False
@@ -63,10 +65,15 @@ def playbook(
     return proc
 
 
-def rollout(recipe: dict | None = None, tmp_path: Path | None = None, tags: str = "fabric,rollout"):
+def rollout(
+    recipe: dict | None = None,
+    tmp_path: Path | None = None,
+    tags: str = "fabric,rollout",
+    extra: str | None = None,
+):
     """site.yml's fabric stage (it publishes cluster_network_env), then ``tags``."""
     site = str(ROOT / "playbooks" / "site.yml")
-    return playbook(site, "--tags", tags, recipe=recipe, tmp_path=tmp_path)
+    return playbook(site, "--tags", tags, recipe=recipe, tmp_path=tmp_path, extra=extra)
 
 
 def inventory_recipe() -> dict:
