@@ -31,7 +31,7 @@ options:
     type: bool
     default: false
 author:
-  - localinference.vllm developers
+  - localinference.vllm developers (@localinference)
 """
 
 EXAMPLES = r"""

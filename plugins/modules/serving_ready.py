@@ -42,7 +42,7 @@ options:
     description: Bearer token, when the server requires one.
     type: str
 author:
-  - localinference.vllm developers
+  - localinference.vllm developers (@localinference)
 """
 
 EXAMPLES = r"""

@@ -104,7 +104,7 @@ options:
         every rendered flag must exist in it.
     type: path
 author:
-  - localinference.vllm developers
+  - localinference.vllm developers (@localinference)
 """
 
 EXAMPLES = r"""
