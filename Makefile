@@ -56,7 +56,16 @@ lab-clean: lab-down
 
 test: test-unit lint sanity test-molecule
 
-test-unit: bootstrap
+# The real Quadlet generator (Podman >= 4.4) for the unit tests, taken from
+# the lab host image: this machine's Podman 4.3 has none.
+$(LAB)/tools/quadlet:
+	bash molecule/default/host-image.sh
+	mkdir -p $(dir $@)
+	podman run --rm --runtime=runc --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 \
+	  --entrypoint cat localhost/localinference-lab-host:trixie /usr/libexec/podman/quadlet > $@.tmp
+	chmod +x $@.tmp && mv $@.tmp $@
+
+test-unit: bootstrap $(LAB)/tools/quadlet
 	$(BIN)/pytest tests/unit -q
 	$(BIN)/ruff check .
 
