@@ -80,9 +80,9 @@ unit_state:
 import json
 import time
 import urllib.error
-import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 from ansible_collections.localinference.vllm.plugins.module_utils._ready import (
     parse_show,
     sse_token,
@@ -140,7 +140,7 @@ def main():
     while health is None:
         check_units()
         try:
-            with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
+            with open_url(f"{base}/health", timeout=5) as response:
                 if response.status == 200:
                     health = time.monotonic() - started
                     break
@@ -162,12 +162,13 @@ def main():
         }
     ).encode()
     sent = time.monotonic()
-    request = urllib.request.Request(
-        f"{base}/v1/chat/completions", data=body, headers=_headers(params["api_key"]), method="POST"
-    )
     try:
-        with urllib.request.urlopen(
-            request, timeout=max(5, deadline - time.monotonic())
+        with open_url(
+            f"{base}/v1/chat/completions",
+            data=body,
+            headers=_headers(params["api_key"]),
+            method="POST",
+            timeout=max(5, deadline - time.monotonic()),
         ) as response:
             for raw in response:
                 token = sse_token(raw.decode("utf-8", "replace"))

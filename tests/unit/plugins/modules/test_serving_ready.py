@@ -14,7 +14,8 @@ from ansible_collections.localinference.vllm.tests.unit.module_helper import run
 
 # The chat.completion.chunk shape vLLM 0.32 streams with a reasoning parser (delta.reasoning).
 STREAM = [
-    '{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}',
+    '{"id":"chatcmpl-1","object":"chat.completion.chunk",'
+    '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}',
     '{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"reasoning":" cat"},"logprobs":null,"finish_reason":null}]}',
 ]  # fmt: skip
 
