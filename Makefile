@@ -11,6 +11,7 @@ SANITY_ROOT := $(LAB)/sanity/ansible_collections/localinference/vllm
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PODMAN_IGNORE_CGROUPSV1_WARNING := 1
+export LOCALINFERENCE_LAB_DIR := $(CURDIR)/.lab
 MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
