@@ -55,7 +55,16 @@ lab-clean: lab-down
 	podman rmi --ignore localhost/localinference-lab-host:trixie localhost/localinference-vllm-cpu:0.32.0
 	rm -rf $(LAB)
 
-test: test-unit lint sanity test-molecule
+# The lab's assets (vLLM venv, model, wheelhouse, vLLM image: mostly downloads
+# and I/O) build in the background while the unit tests, lint and sanity run.
+test: bootstrap
+	bash molecule/default/host-image.sh
+	@bash lab/bin/lab-assets > $(LAB)/lab-assets.log 2>&1 & assets=$$!; \
+	  status=0; $(MAKE) --no-print-directory test-unit lint sanity || status=$$?; \
+	  if ! wait $$assets; then tail -30 $(LAB)/lab-assets.log; exit 1; fi; \
+	  echo "lab assets: $$(tail -1 $(LAB)/lab-assets.log)"; \
+	  exit $$status
+	$(MAKE) --no-print-directory test-molecule
 
 # The real Quadlet generator (Podman >= 4.4) for the unit tests, taken from
 # the lab host image: this machine's Podman 4.3 has none.
