@@ -33,11 +33,25 @@ options:
     type: list
     elements: dict
     default: []
+  observations_path:
+    description:
+      - A JSON file of further observations on the host that runs the module (the head's
+        C(/var/lib/localinference/observations.json), appended to by every rollout). A missing file
+        adds nothing; a file that is not a JSON list of observation dicts fails naming the file.
+    type: path
+  weakest_rank:
+    description:
+      - The weakest rank preflight found (C(host), and C(free_gib) or C(free_bytes)), from the saved
+        C(/etc/localinference/preflight.json). A KV size the recipe pins (C(kv_cache_memory_bytes) or
+        the CPU build's C(env.VLLM_CPU_KVCACHE_SPACE)) larger than that rank's free memory is an F4
+        error.
+    type: dict
   available_kv_gib:
     description:
       - KV memory per rank the next boot will have, in GiB. Overrides the observed boots' memory;
         observations still calibrate the per-request cost.
-      - Defaults to C(recipe.kv_cache_memory_bytes) when the recipe pins it and the model is in GiB.
+      - Defaults to C(recipe.kv_cache_memory_bytes) (or the CPU build's C(recipe.env.VLLM_CPU_KVCACHE_SPACE),
+        in GiB) when the recipe pins it and the model is in GiB.
     type: float
   per_token_kib:
     description:
@@ -161,7 +175,9 @@ model:
   returned: always
   type: dict
 memory_source:
-  description: C(observations), C(available_kv_gib) or C(recipe.kv_cache_memory_bytes).
+  description: >-
+    C(observations), C(available_kv_gib), C(recipe.kv_cache_memory_bytes) or
+    C(recipe.env.VLLM_CPU_KVCACHE_SPACE).
   returned: always
   type: str
 memory:
@@ -210,12 +226,23 @@ boots:
   returned: always
   type: list
   elements: dict
+weakest_rank:
+  description: >-
+    The host of the weakest rank the plan was checked against and whether the pinned KV size fits
+    its free memory (C(fits) is null when the KV size is profiled, not pinned); empty without
+    O(weakest_rank).
+  returned: always
+  type: dict
+  sample: {host: spark-worker, fits: true}
 feasible:
   description: True when a context exists and no violation has severity C(error).
   returned: always
   type: bool
 """
 
+import json
+import math
+import os
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
@@ -230,6 +257,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._kv_model impo
     GIB,
     KvInputError,
     concurrency_at,
+    normalise_observations,
     plan_kv,
     scheduled_tokens,
 )
@@ -246,6 +274,8 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint i
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "observations": {"type": "list", "elements": "dict", "default": []},
+    "observations_path": {"type": "path"},
+    "weakest_rank": {"type": "dict"},
     "available_kv_gib": {"type": "float"},
     "per_token_kib": {"type": "float", "no_log": False},
     "min_concurrency": {"type": "float", "default": 1.0},
@@ -278,6 +308,78 @@ def _effective_recipe(params: dict[str, Any]) -> dict[str, Any]:
             spec["parallel_drafting"] = params["parallel_drafting"]
         recipe["speculative_config"] = spec
     return recipe
+
+
+def _file_observations(path: str | None) -> list[Any]:
+    """Observations saved on the node: schema-checked, never trusted (F10-style message)."""
+    if not path or not os.path.lexists(path):
+        return []
+    fix = "move it aside and let the next rollout record a boot again"
+    if not os.path.isfile(path) or os.path.getsize(path) > 64 * 1024 * 1024:
+        raise KvInputError(f"observations_path {path} is not a regular observation file; {fix}")
+    try:
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read().decode("utf-8"), parse_constant=_no_constant)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise KvInputError(f"observations_path {path} is not a JSON list ({exc}); {fix}") from None
+    if not isinstance(data, list):
+        raise KvInputError(
+            f"observations_path {path} holds a {type(data).__name__}, not a list of observations; {fix}"
+        )
+    return normalise_observations(data, f"observations_path {path}")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def _pinned_kv(recipe: dict[str, Any]) -> tuple[int | None, str]:
+    """KV bytes per rank the recipe pins, and which key pins them."""
+    if recipe.get("kv_cache_memory_bytes") is not None:
+        return (
+            parse_size(recipe["kv_cache_memory_bytes"], "recipe.kv_cache_memory_bytes"),
+            "recipe.kv_cache_memory_bytes",
+        )
+    space = (recipe.get("env") or {}).get("VLLM_CPU_KVCACHE_SPACE")
+    if space not in (None, ""):
+        # vLLM's CPU build reads it as whole GiB (vllm/platforms/cpu.py).
+        if not str(space).strip().isdigit():
+            raise RecipeInputError(
+                f"recipe.env.VLLM_CPU_KVCACHE_SPACE must be a whole number of GiB, got {space!r}"
+                " (vLLM's CPU build reads it with int()); use kv_cache_memory_bytes for a finer size"
+            )
+        return int(str(space).strip()) * GIB, "recipe.env.VLLM_CPU_KVCACHE_SPACE"
+    return None, ""
+
+
+def _weakest_rank_check(
+    weakest: dict[str, Any] | None, pinned: int | None
+) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    if not weakest:
+        return {}, []
+    host = str(weakest.get("host") or "the weakest rank")
+    free = weakest.get("free_bytes")
+    free_gib = float(free) / GIB if free is not None else weakest.get("free_gib")
+    if free_gib is None or not isinstance(free_gib, int | float) or not math.isfinite(free_gib):
+        raise KvInputError(
+            f"weakest_rank needs free_gib or free_bytes as a finite number, got {weakest!r}"
+        )
+    if pinned is None:
+        return {"host": host, "fits": None}, []
+    fits = pinned <= free_gib * GIB
+    found = []
+    if not fits:
+        found.append(
+            {
+                "id": "F4",
+                "severity": "error",
+                "message": f"the recipe pins {pinned / GIB:.2f} GiB of KV cache per rank, but the"
+                f" weakest rank {host} has only {free_gib:.2f} GiB free (preflight): the start"
+                " would fail there, not on the head; free memory on that rank (other tenants,"
+                " swap) or pin less",
+            }
+        )
+    return {"host": host, "fits": fits}, found
 
 
 def _client_violations(client: dict[str, Any], length: int) -> list[dict[str, str]]:
@@ -321,21 +423,22 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
             f"recipe.max_model_len {explicit} is below prompt_floor {floor}: every agent request"
             " would be rejected; raise max_model_len (or set it to plan) or re-measure prompt_floor"
         )
+    observations = list(params["observations"]) + _file_observations(params["observations_path"])
     memory, source = params["available_kv_gib"], "available_kv_gib"
-    if memory is None and recipe.get("kv_cache_memory_bytes") is not None:
-        pinned = parse_size(recipe["kv_cache_memory_bytes"], "recipe.kv_cache_memory_bytes")
+    pinned, pinned_by = _pinned_kv(recipe)
+    if memory is None and pinned is not None:
         has_memory = any(
             isinstance(o, dict) and (o.get("kv_memory_gib") or o.get("available_kv_gib"))
-            for o in params["observations"]
+            for o in observations
         )
         if has_memory or params["per_token_kib"]:
-            memory, source = pinned / GIB, "recipe.kv_cache_memory_bytes"
+            memory, source = pinned / GIB, pinned_by
     min_length = 0
     if floor is not None:
         output = params["output_tokens"] if params["output_tokens"] is not None else MIN_OUTPUT
         min_length = needed_context(floor, output, params["reserved_tokens"])
     plan = plan_kv(
-        params["observations"],
+        observations,
         available_kv_gib=memory,
         per_token_kib=params["per_token_kib"],
         min_concurrency=params["min_concurrency"],
@@ -371,6 +474,8 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
                 f" {params['min_concurrency']:g}: free memory (preflight) or lower min_concurrency",
             }
         )
+    weakest, weakest_violations = _weakest_rank_check(params["weakest_rank"], pinned)
+    violations += weakest_violations
     violations += lint_static(recipe)
     if explicit is not None:
         violations += lint_context(
@@ -392,6 +497,7 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
         served_max_model_len=served,
         scheduled_tokens=scheduled,
         client=client,
+        weakest_rank=weakest,
         violations=violations,
         feasible=length > 0 and not any(v["severity"] == "error" for v in violations),
     )

@@ -203,3 +203,107 @@ def test_nothing_fits_is_f12():
     assert result["max_model_len"] == 0
     assert ids(result) == ["F12"]
     assert result["feasible"] is False
+
+
+# The lab's two real CPU boots of the tiny model (1 GiB of KV per rank: 512 B/token).
+LAB_BOOTS = [
+    {"max_model_len": 4096, "kv_tokens": 2097152, "kv_memory_gib": 1.0},
+    {"max_model_len": 16384, "kv_tokens": 2097152, "kv_memory_gib": 1.0},
+]
+PINNED = [
+    # (recipe, expected memory source, expected context at min_concurrency 2)
+    (
+        {"max_model_len": "plan", "kv_cache_memory_bytes": "64m"},
+        "recipe.kv_cache_memory_bytes",
+        65536,
+    ),
+    (
+        {"max_model_len": "plan", "kv_cache_memory_bytes": "32m"},
+        "recipe.kv_cache_memory_bytes",
+        32768,
+    ),
+    (
+        {"max_model_len": "plan", "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+        "recipe.env.VLLM_CPU_KVCACHE_SPACE",
+        131072,
+    ),
+]
+
+
+@pytest.mark.parametrize(("recipe", "source", "length"), PINNED)
+def test_a_pinned_kv_size_drives_the_plan(recipe, source, length):
+    result = run_module(
+        kv_budget,
+        {
+            "observations": LAB_BOOTS,
+            "recipe": recipe,
+            "min_concurrency": 2.0,
+            "model_max_len": 131072,
+        },
+    ).result
+    assert result["memory_source"] == source
+    assert result["max_model_len"] == result["served_max_model_len"] == length
+
+
+def test_observations_path_adds_the_heads_file_and_refuses_garbage(tmp_path):
+    path = tmp_path / "observations.json"
+    path.write_text('[{"max_model_len": 8192, "kv_tokens": 1048576, "kv_memory_gib": 0.5}]')
+    result = run_module(
+        kv_budget, {"observations": LAB_BOOTS, "observations_path": str(path)}
+    ).result
+    assert len(result["boots"]) == 3
+    absent = {"observations": LAB_BOOTS, "observations_path": str(tmp_path / "absent.json")}
+    assert len(run_module(kv_budget, absent).result["boots"]) == 2
+    for content, expected in (
+        ('{"a": 1}', "holds a dict"),
+        ("[1", "not a JSON list"),
+        ('[{"max_model_len": 1}]', "kv_tokens is missing"),
+        ('[{"max_model_len": 4096, "kv_tokens": NaN}]', "not a JSON list"),
+    ):
+        path.write_text(content)
+        out = run_module(kv_budget, {"observations_path": str(path)})
+        assert out.failed and str(path) in out.result["msg"] and expected in out.result["msg"], (
+            out.result
+        )
+
+
+WEAKEST = [
+    # (weakest rank, recipe, fits, F4 expected)
+    ({"host": "spark-worker", "free_gib": 7.5}, {"kv_cache_memory_bytes": "64m"}, True, False),
+    (
+        {"host": "spark-worker", "free_bytes": 32 * 1024**2},
+        {"kv_cache_memory_bytes": "64m"},
+        False,
+        True,
+    ),
+    (
+        {"host": "spark-worker", "free_gib": 0.5},
+        {"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+        False,
+        True,
+    ),
+    ({"host": "spark-worker", "free_gib": 90.0}, {}, None, False),
+]
+
+
+@pytest.mark.parametrize(("weakest", "recipe", "fits", "f4"), WEAKEST)
+def test_the_weakest_rank_bounds_a_pinned_kv_size(weakest, recipe, fits, f4):
+    result = run_module(
+        kv_budget, {"observations": LAB_BOOTS, "recipe": recipe, "weakest_rank": weakest}
+    ).result
+    assert result["weakest_rank"] == {"host": "spark-worker", "fits": fits}
+    assert ("F4" in ids(result)) is f4
+    if f4:
+        message = next(v["message"] for v in result["violations"] if v["id"] == "F4")
+        assert "spark-worker" in message and not result["feasible"]
+
+
+def test_a_fractional_cpu_kvcache_space_is_refused_naming_the_key():
+    out = run_module(
+        kv_budget, {"observations": LAB_BOOTS, "recipe": {"env": {"VLLM_CPU_KVCACHE_SPACE": "0.5"}}}
+    )
+    assert (
+        out.failed
+        and "VLLM_CPU_KVCACHE_SPACE" in out.result["msg"]
+        and "kv_cache_memory_bytes" in out.result["msg"]
+    )
