@@ -410,6 +410,71 @@ def _client_violations(client: dict[str, Any], length: int) -> list[dict[str, st
     return found
 
 
+def _scheduled(recipe: dict[str, Any]) -> int | None:
+    tokens, parallel = speculative_settings(recipe)
+    batched = recipe.get("max_num_batched_tokens")
+    if batched is None:
+        return None
+    return scheduled_tokens(int(batched), int(recipe.get("max_num_seqs") or 1), tokens, parallel)
+
+
+def _lint_only(
+    params: dict[str, Any], recipe: dict[str, Any], explicit: int | None, pinned: int | None
+) -> dict[str, Any]:
+    """No boot observed yet: lint the recipe, plan nothing, say what evidence is missing."""
+    note = (
+        "no boot observed yet: the plan cannot size the KV cache; the rollout records what vLLM"
+        " reports at the first boot and the next plan uses it"
+    )
+    violations: list[dict[str, str]] = []
+    if explicit is None:
+        violations.append(
+            {
+                "id": "F12",
+                "severity": "error",
+                "message": "max_model_len: plan needs at least one recorded boot (observations,"
+                " the head's observation file or inventory kv_observations) and there is none:"
+                " set an explicit vllm_recipe.max_model_len for the first boot",
+            }
+        )
+    weakest, found = _weakest_rank_check(params["weakest_rank"], pinned)
+    scheduled = _scheduled(recipe)
+    violations += found + lint_static(recipe) + lint_scheduling(recipe, scheduled)
+    violations += lint_offload(recipe, params["host_limits"])
+    served = explicit or 0
+    client = (
+        plan_client(
+            served, params["prompt_floor"], params["output_tokens"], params["reserved_tokens"]
+        )
+        if served
+        else None
+    )
+    if params["client_limits"] and served:
+        violations += check_client_limits(params["client_limits"], served, params["prompt_floor"])
+    empty = {"worst": None, "median": None, "best": None}
+    return {
+        "max_model_len": 0,
+        "served_max_model_len": served,
+        "guaranteed_max_model_len": 0,
+        "preferred_max_model_len": 0,
+        "preferred_met": None,
+        "calibrated": False,
+        "model": {"mode": "none", "calibration": "none", "points": 0, "notes": [note]},
+        "memory_source": "none",
+        "memory": empty,
+        "concurrency": {},
+        "kv_tokens": empty,
+        "options": [],
+        "active_sequences": [],
+        "boots": [],
+        "scheduled_tokens": scheduled,
+        "client": client,
+        "weakest_rank": weakest,
+        "violations": violations,
+        "feasible": not any(v["severity"] == "error" for v in violations),
+    }
+
+
 def compute(params: dict[str, Any]) -> dict[str, Any]:
     """The whole kv_budget result; raises *InputError with the option named."""
     recipe = _effective_recipe(params)
@@ -433,6 +498,8 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
         )
         if has_memory or params["per_token_kib"]:
             memory, source = pinned / GIB, pinned_by
+    if not observations and memory is None and not params["per_token_kib"]:
+        return _lint_only(params, recipe, explicit, pinned)
     min_length = 0
     if floor is not None:
         output = params["output_tokens"] if params["output_tokens"] is not None else MIN_OUTPUT
@@ -455,13 +522,7 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
         row["client_ok"] = plan_client(
             row["max_model_len"], floor, params["output_tokens"], params["reserved_tokens"]
         )["ok"]
-    tokens, parallel = speculative_settings(recipe)
-    batched = recipe.get("max_num_batched_tokens")
-    scheduled = None
-    if batched is not None:
-        scheduled = scheduled_tokens(
-            int(batched), int(recipe.get("max_num_seqs") or 1), tokens, parallel
-        )
+    scheduled = _scheduled(recipe)
     violations: list[dict[str, str]] = []
     if length <= 0:
         fit = plan["model"]

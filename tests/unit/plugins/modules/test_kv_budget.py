@@ -176,7 +176,7 @@ def test_check_mode_is_the_same():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ({}, "no observations and no available_kv_gib"),
+        ({"available_kv_gib": 8.0}, "available_kv_gib needs a per-token cost"),
         (
             {"available_kv_gib": -3.0, "per_token_kib": 400.0},
             "available_kv_gib must be greater than 0",
@@ -307,3 +307,16 @@ def test_a_fractional_cpu_kvcache_space_is_refused_naming_the_key():
         and "VLLM_CPU_KVCACHE_SPACE" in out.result["msg"]
         and "kv_cache_memory_bytes" in out.result["msg"]
     )
+
+
+def test_without_any_boot_the_plan_lints_and_asks_for_a_first_boot():
+    explicit = run_module(kv_budget, {"recipe": {"max_model_len": 4096, "max_num_seqs": 1}}).result
+    assert explicit["max_model_len"] == 0 and explicit["served_max_model_len"] == 4096
+    assert ids(explicit) == ["F3"] and not explicit["feasible"]
+    assert "no boot observed yet" in explicit["model"]["notes"][0]
+    planned = run_module(kv_budget, {"recipe": {"max_model_len": "plan", "max_num_seqs": 4}}).result
+    assert (
+        ids(planned) == ["F12"]
+        and "explicit vllm_recipe.max_model_len" in planned["violations"][0]["message"]
+    )
+    assert not planned["feasible"]
