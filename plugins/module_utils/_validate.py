@@ -1,0 +1,455 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One validator per kind of value that reaches a unit file, a command line or a path.
+
+Validate at the boundary, once: the recipe (``_recipe.normalise``) and the node
+description (``_recipe.make_node``) pass every string through one of these
+functions before anything is rendered.  Each returns the value in its canonical
+form or raises :class:`ValidationError`, whose message names the variable, the
+offending character (``'\\n' at position 17``) or value, and the fix.
+
+Kinds: :func:`text` (one line of printable text), :func:`systemd_value` (written
+raw after ``Key=`` in a unit file), :func:`image_reference`, :func:`path`,
+:func:`interface_name`, :func:`unit_name`, :func:`host`, :func:`env_name`,
+:func:`env_value`, :func:`port`, :func:`integer`, :func:`number`, :func:`size`.
+
+``%`` (systemd specifiers) and ``$`` (variable expansion): systemd expands
+``%h``, ``%n``... in most settings and ``$VAR`` in command lines.  Words of a
+command line and ``Environment=`` assignments are quoted by
+``_units.systemd_quote``, which doubles both (``%%``, ``$$``), and free text in
+``Description=`` has ``%`` doubled; so these may contain them.  A value written
+raw after ``Key=`` (image, paths, devices, ulimits, sizes, names) is *rejected*
+when it contains ``%`` or ``$``: no legitimate value of those kinds has one, and
+silently escaping would hide a typo such as ``%h`` that the user meant systemd
+to expand.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+import unicodedata
+from typing import Any
+
+# Longest free-text value (one argv word, one environment value) accepted.
+MAX_TEXT = 16384
+# PATH_MAX is 4096 with the terminating NUL.
+MAX_PATH = 4095
+# IFNAMSIZ is 16 with the terminating NUL.
+MAX_INTERFACE = 15
+# systemd's UNIT_NAME_MAX is 256 with the terminating NUL.
+MAX_UNIT = 255
+
+# Control characters, format characters (bidi overrides, zero-width joiners),
+# surrogates and Unicode line/paragraph separators: none belongs in a unit file.
+_FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+# Characters systemd or Quadlet would interpret in a value written raw after Key=.
+_RAW_SPECIAL = {
+    "%": "a systemd specifier such as %h would be expanded",
+    "$": "systemd would expand it as a variable in the generated command line",
+    "\\": "systemd and Quadlet read backslashes as escapes or line continuations",
+    '"': "Quadlet and systemd read quotes as word delimiters",
+    "'": "Quadlet and systemd read quotes as word delimiters",
+}
+
+_DOMAIN_COMPONENT = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_DOMAIN = rf"{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]{{1,5}})?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(
+    rf"(?P<name>(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>[a-z0-9]+:[0-9a-f]{32,}))?"
+)
+_SHA256_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@-]+")
+UNIT_SUFFIXES = (
+    ".service", ".socket", ".target", ".mount", ".timer", ".path", ".slice", ".scope",
+    ".device", ".swap", ".automount",
+    # Quadlet source units
+    ".container", ".volume", ".network", ".kube", ".image", ".pod", ".build",
+)  # fmt: skip
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_INTEGER = re.compile(r"[+-]?[0-9][0-9_]*")
+_SIZE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>[kKmMgGtTpP]?[iI]?[bB]?)")
+
+
+class ValidationError(ValueError):
+    """A value that must not reach a unit file, a command line or a path.
+
+    ``name`` is the variable (``vllm_recipe.served_model_name``), ``problem``
+    what is wrong with the value, ``fix`` what to do; ``str()`` joins them.
+    """
+
+    def __init__(self, name: str, problem: str, fix: str) -> None:
+        self.name = name
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{name}: {problem}; {fix}")
+
+
+def _char_name(char: str) -> str:
+    if char in "\n\r\x0b\x0c\x85\u2028\u2029":
+        return "a line break"
+    if char == "\x00":
+        return "a NUL byte"
+    if char.isspace():
+        return "whitespace"
+    category = unicodedata.category(char)
+    if category == "Cf":
+        return "an invisible formatting character"
+    if category == "Cs":
+        return "a lone surrogate (not valid UTF-8)"
+    return "a control character"
+
+
+def _first_bad(value: str, forbidden: str = "", whitespace: bool = False) -> int | None:
+    for index, char in enumerate(value):
+        if (
+            char in forbidden
+            or (whitespace and char.isspace())
+            or unicodedata.category(char) in _FORBIDDEN_CATEGORIES
+        ):
+            return index
+    return None
+
+
+def _bad_char(name: str, value: str, index: int, why: str, fix: str) -> ValidationError:
+    return ValidationError(name, f"contains {value[index]!r} ({why}) at position {index}", fix)
+
+
+def text(
+    name: str,
+    value: Any,
+    *,
+    allow_empty: bool = False,
+    max_length: int = MAX_TEXT,
+    strip_ok: bool = True,
+) -> str:
+    """One line of printable text (an argv word, a served name, an environment value).
+
+    Numbers and booleans become their text; lists, dicts and None are refused.
+    ``strip_ok=False`` also refuses leading or trailing whitespace.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValidationError(name, f"{value!r} is not a finite number", "set a finite value")
+    if isinstance(value, (bool, int, float)):
+        try:
+            value = str(value)
+        except ValueError:  # an int of more than 4300 digits
+            raise ValidationError(
+                name, "is an absurdly large number", "set a sensible value"
+            ) from None
+    if not isinstance(value, str):
+        raise ValidationError(
+            name, f"expected text, got {type(value).__name__} {_short(value)}", "set a string"
+        )
+    if not value and not allow_empty:
+        raise ValidationError(name, "is empty", "set a value")
+    if len(value) > max_length:
+        raise ValidationError(
+            name, f"is {len(value)} characters long (at most {max_length})", "shorten it"
+        )
+    index = _first_bad(value)
+    if index is not None:
+        raise _bad_char(
+            name,
+            value,
+            index,
+            _char_name(value[index]),
+            "remove it: a value that reaches a unit file or a command line is one line of "
+            "printable text",
+        )
+    if not strip_ok and value != value.strip():
+        index = 0 if value[0].isspace() else len(value) - 1
+        raise _bad_char(
+            name,
+            value,
+            index,
+            "leading or trailing whitespace, which systemd strips",
+            "remove the surrounding spaces",
+        )
+    return value
+
+
+def systemd_value(
+    name: str, value: Any, *, allow_empty: bool = False, max_length: int = MAX_TEXT
+) -> str:
+    """A value written raw after ``Key=`` in a unit file, read back exactly as written.
+
+    No control characters, no leading/trailing whitespace (systemd strips it),
+    no whitespace inside (Quadlet splits some keys on it) and none of
+    ``% $ \\ " '`` (specifiers, variables, escapes, quotes; see the module doc).
+    """
+    value = text(name, value, allow_empty=allow_empty, max_length=max_length)
+    index = _first_bad(value, "".join(_RAW_SPECIAL), whitespace=True)
+    if index is not None:
+        char = value[index]
+        raise _bad_char(
+            name,
+            value,
+            index,
+            _RAW_SPECIAL.get(char) or _char_name(char),
+            "remove it: this value is written as is into a unit file",
+        )
+    return value
+
+
+def image_reference(name: str, value: Any, *, require_digest: bool = True) -> str:
+    """A container image reference, ``[REGISTRY/]NAME[:TAG][@sha256:<64 hex>]``.
+
+    With ``require_digest`` the reference must end in ``@sha256:`` and 64
+    lower-case hex digits: the digest, not the tag, says what runs.
+    """
+    if value in (None, ""):
+        raise ValidationError(name, "missing: not pinned by digest", "use NAME@sha256:<64 hex>")
+    value = systemd_value(name, value, max_length=512)
+    match = _IMAGE.fullmatch(value)
+    if match is None:
+        raise ValidationError(
+            name,
+            f"{value!r} is not an image reference",
+            "use [REGISTRY/]NAME[:TAG]@sha256:<64 hex> (lower-case repository name)",
+        )
+    digest = match.group("digest")
+    if require_digest and not (digest and _SHA256_DIGEST.fullmatch(digest)):
+        raise ValidationError(name, f"{value}: not pinned by digest", "use NAME@sha256:<64 hex>")
+    return value
+
+
+def path(
+    name: str,
+    value: Any,
+    *,
+    under: tuple[str, ...] | list[str] = (),
+    allow_empty: bool = False,
+) -> str:
+    """An absolute, normalised file-system path that can go into a unit file.
+
+    Refuses relative paths, ``.`` and ``..`` components, ``//``, whitespace,
+    control characters and ``: % $ \\ " '`` (``:`` separates Volume= fields).
+    A single trailing ``/`` is dropped.  With ``under``, the path must be one of
+    those roots or lie below one of them.
+    """
+    if allow_empty and value in (None, ""):
+        return ""
+    value = text(name, value, max_length=MAX_PATH)
+    index = _first_bad(value, ":" + "".join(_RAW_SPECIAL), whitespace=True)
+    if index is not None:
+        char = value[index]
+        why = "it separates the fields of Volume=" if char == ":" else None
+        raise _bad_char(
+            name,
+            value,
+            index,
+            why or _RAW_SPECIAL.get(char) or _char_name(char),
+            "use a path without it",
+        )
+    if not value.startswith("/"):
+        raise ValidationError(name, f"{value!r} is not an absolute path", "start it with /")
+    if len(value) > 1 and value.endswith("/"):
+        value = value[:-1]
+    parts = value.split("/")[1:]
+    if value != "/" and any(part in ("", ".", "..") for part in parts):
+        bad = next(part or "//" for part in parts if part in ("", ".", ".."))
+        raise ValidationError(
+            name,
+            f"{value!r} is not normalised (contains {bad!r})",
+            "write the path without '.', '..' or '//' components",
+        )
+    if under and not any(_is_under(value, root) for root in under):
+        raise ValidationError(
+            name,
+            f"{value!r} is outside {', '.join(under)}",
+            f"use a path under {' or '.join(under)}",
+        )
+    return value
+
+
+def _is_under(value: str, root: str) -> bool:
+    root = root.rstrip("/") or "/"
+    return value == root or value.startswith(root if root == "/" else root + "/")
+
+
+def is_under(value: str, roots: tuple[str, ...] | list[str]) -> bool:
+    """Whether the (already validated) path ``value`` is one of ``roots`` or below one."""
+    return any(_is_under(value, root) for root in roots)
+
+
+def interface_name(name: str, value: Any) -> str:
+    """A Linux network interface name: 1-15 bytes, no ``/``, ``:`` or whitespace, not ``.``/``..``."""
+    value = text(name, value, max_length=64)
+    index = _first_bad(value, "/:", whitespace=True)
+    if index is not None:
+        raise _bad_char(
+            name,
+            value,
+            index,
+            "the kernel refuses it in an interface name",
+            "use the name `ip -o link` shows",
+        )
+    if value in (".", ".."):
+        raise ValidationError(
+            name, f"{value!r} is not an interface name", "use the name `ip -o link` shows"
+        )
+    if len(value.encode("utf-8")) > MAX_INTERFACE:
+        raise ValidationError(
+            name,
+            f"{value!r} is longer than {MAX_INTERFACE} bytes (IFNAMSIZ)",
+            "use the name `ip -o link` shows",
+        )
+    return value
+
+
+def unit_name(name: str, value: Any, *, suffixes: tuple[str, ...] = UNIT_SUFFIXES) -> str:
+    """A systemd unit name (``name[@instance].type``) that cannot be read as an option."""
+    value = text(name, value, max_length=MAX_UNIT)
+    if not _UNIT_NAME.fullmatch(value) or value.startswith(("-", ".", "@")):
+        raise ValidationError(
+            name,
+            f"{value!r} is not a systemd unit name",
+            "use letters, digits and : _ . @ - (not first), e.g. localinference-vllm.service",
+        )
+    if not value.endswith(suffixes) or value in suffixes:
+        raise ValidationError(
+            name, f"{value!r} has no unit type suffix", f"end it with one of {', '.join(suffixes)}"
+        )
+    return value
+
+
+def host(name: str, value: Any, *, allow_empty: bool = False) -> str:
+    """A host name (RFC 1123 labels; ``_`` tolerated, as in inventory names) or an IP address."""
+    if allow_empty and value in (None, ""):
+        return ""
+    value = text(name, value, max_length=253)
+    candidate = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    try:
+        return str(ipaddress.ip_address(candidate))
+    except ValueError:
+        pass
+    labels = value[:-1].split(".") if value.endswith(".") else value.split(".")
+    bad = next((label for label in labels if not _HOST_LABEL.fullmatch(label)), None)
+    if bad is None and labels[-1].isdigit():
+        # 10.077.0.1 or 2130706433: not an IP address, and no host name is all digits.
+        bad = labels[-1]
+    if bad is not None:
+        index = _first_bad(value, "/:%$\\\"'", whitespace=True)
+        where = f" ({value[index]!r} at position {index})" if index is not None else ""
+        raise ValidationError(
+            name,
+            f"{value!r} is neither an IP address nor a host name{where}",
+            "use an address such as 10.77.0.11 or a name of letters, digits, '-' and '.'",
+        )
+    return value
+
+
+def env_name(name: str, value: Any) -> str:
+    """An environment variable name: a letter or ``_``, then letters, digits, ``_``."""
+    value = text(name, value, max_length=255)
+    if not _ENV_NAME.fullmatch(value):
+        index = next(
+            (i for i, c in enumerate(value) if not (c.isascii() and (c.isalnum() or c == "_"))), 0
+        )
+        raise _bad_char(
+            name,
+            value,
+            index,
+            "not allowed in an environment variable name",
+            "use letters, digits and '_', not starting with a digit",
+        )
+    return value
+
+
+def env_value(name: str, value: Any) -> str:
+    """An environment value: one line of printable text (may be empty)."""
+    return text(name, value, allow_empty=True)
+
+
+def integer(
+    name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """A whole number in ``[minimum, maximum]``; ``"4_096"`` reads as 4096, ``True`` does not."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and len(value) <= 40 and _INTEGER.fullmatch(value.strip()):
+        number = int(value.strip().replace("_", ""))
+    if number is None:
+        raise ValidationError(
+            name, f"expected an integer, got {_short(value)}", "set a whole number"
+        )
+    if minimum is not None and number < minimum:
+        raise ValidationError(
+            name, f"{_short(number)} is below {minimum}", f"set at least {minimum}"
+        )
+    if maximum is not None and number > maximum:
+        raise ValidationError(
+            name, f"{_short(number)} is above {maximum}", f"set at most {maximum}"
+        )
+    return number
+
+
+def port(name: str, value: Any) -> int:
+    """A TCP/UDP port, 1-65535."""
+    return integer(name, value, minimum=1, maximum=65535)
+
+
+def number(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+) -> float:
+    """A finite number in range (``above`` is an exclusive minimum); NaN and inf are refused."""
+    result: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            result = float(value)
+        except OverflowError:
+            result = math.inf
+    elif isinstance(value, str) and len(value) <= 64:
+        try:
+            result = float(value.replace("_", ""))
+        except ValueError:
+            result = None
+    if result is None:
+        raise ValidationError(name, f"expected a number, got {_short(value)}", "set a number")
+    if not math.isfinite(result):
+        raise ValidationError(
+            name, f"{_short(value)} is not a finite number", "set a finite number"
+        )
+    if above is not None and result <= above:
+        raise ValidationError(
+            name, f"{_short(value)} is not above {above}", f"set more than {above}"
+        )
+    if minimum is not None and result < minimum:
+        raise ValidationError(
+            name, f"{_short(value)} is below {minimum}", f"set at least {minimum}"
+        )
+    if maximum is not None and result > maximum:
+        raise ValidationError(name, f"{_short(value)} is above {maximum}", f"set at most {maximum}")
+    return result
+
+
+def size(name: str, value: Any) -> str:
+    """A memory size as Podman reads it (``1g``, ``512m``, ``1073741824``); never zero."""
+    value = systemd_value(name, value, max_length=32)
+    match = _SIZE.fullmatch(value)
+    if match is None or float(match.group("number")) == 0:
+        raise ValidationError(
+            name,
+            f"{value!r} is not a size",
+            "write a positive number with an optional unit: 1g, 512m",
+        )
+    return value
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text_ = repr(value)
+    except ValueError:  # an int of more than 4300 digits
+        return "a number of more than 4300 digits"
+    return text_ if len(text_) <= limit else text_[: limit - 3] + "..."
