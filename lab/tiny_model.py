@@ -30,7 +30,7 @@ from pathlib import Path
 SEED = 20240229
 CORPUS_DIR = Path("/usr/share/common-licenses")
 VOCAB_SIZE = 4096  # BPE merges target; added tokens come on top
-MAX_POSITION_EMBEDDINGS = 32768
+MAX_POSITION_EMBEDDINGS = 131072
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
