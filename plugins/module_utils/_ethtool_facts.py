@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_SPEED = re.compile(r"^(?P<value>\d+)\s*(?P<unit>[MG])b/s$")
+_SPEED = re.compile(r"^(?P<value>\d{1,9})\s*(?P<unit>[MG])b/s$")
 
 
 class EthtoolParseError(ValueError):
@@ -53,6 +53,23 @@ def parse_settings(text: str) -> dict[str, Any]:
         "port": fields.get("Port"),
         "autoneg": fields.get("Auto-negotiation") == "on" if "Auto-negotiation" in fields else None,
     }
+
+
+def sysfs_text(data: bytes) -> str | None:
+    """A sysfs attribute's text; None when it is not text (NUL bytes or not ASCII)."""
+    if b"\x00" in data:
+        return None
+    try:
+        return data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None
+
+
+def sysfs_int(value: str | None) -> int | None:
+    """A small decimal sysfs number such as ``mtu``; None for anything else."""
+    if not value or not value.isascii() or not value.isdigit() or len(value) > 9:
+        return None
+    return int(value)
 
 
 def parse_driver(text: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ QUERY_FIELDS = (
 
 _MISSING = {"", "n/a", "[n/a]", "not supported", "[not supported]", "[unknown error]", "unknown"}
 _HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]\s*$")
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MiB|GiB|KiB)?\s*$", re.IGNORECASE)
+_MEMORY = re.compile(r"^\s*(\d{1,12}(?:\.\d{1,6})?)\s*(MiB|GiB|KiB)?\s*$", re.IGNORECASE)
 _TABLE_VERSIONS = re.compile(
     r"Driver Version:\s*(?P<driver>\S+)(?:\s+CUDA Version:\s*(?P<cuda>\S+))?"
 )
@@ -39,6 +39,17 @@ _TABLE_MEMORY = re.compile(r"\|\s*(?P<used>\d+)MiB\s*/\s*(?P<total>\d+)MiB\s*\|"
 
 class NvidiaSmiParseError(ValueError):
     """The text is not the nvidia-smi output we asked for."""
+
+
+# No GPU index or MiB count needs more digits; a longer number is garbage.
+MAX_DIGITS = 12
+
+
+def _int(value: str, what: str) -> int:
+    text = value.strip()
+    if not text.isascii() or not text.isdigit() or len(text) > MAX_DIGITS:
+        raise NvidiaSmiParseError(f"unexpected {what} {text[:40]!r}")
+    return int(text)
 
 
 def _missing(value: str | None) -> bool:
@@ -65,7 +76,7 @@ def _text(value: str | None) -> str | None:
 def _gpu_record(raw: dict[str, str | None]) -> dict[str, Any]:
     index = raw.get("index")
     return {
-        "index": int(index) if index is not None and not _missing(index) else None,
+        "index": _int(index, "GPU index") if index is not None and not _missing(index) else None,
         "name": _text(raw.get("name")),
         "uuid": _text(raw.get("uuid")),
         "pci_bus_id": _text(raw.get("pci.bus_id")),
@@ -122,13 +133,13 @@ def parse_table(text: str) -> dict[str, Any]:
         memory = _TABLE_MEMORY.search(detail)
         gpus.append(
             {
-                "index": int(row.group("index")),
+                "index": _int(row.group("index"), "GPU index"),
                 "name": row.group("name").strip(),
                 "uuid": None,
                 "pci_bus_id": row.group("bus"),
                 "driver_version": versions.group("driver"),
-                "memory_total_mib": int(memory.group("total")) if memory else None,
-                "memory_used_mib": int(memory.group("used")) if memory else None,
+                "memory_total_mib": _int(memory.group("total"), "memory") if memory else None,
+                "memory_used_mib": _int(memory.group("used"), "memory") if memory else None,
                 "memory_free_mib": None,
             }
         )
@@ -153,7 +164,9 @@ def parse_xml(text: str) -> dict[str, Any]:
         fb = gpu.find("fb_memory_usage")
         minor = gpu.findtext("minor_number")
         raw = {
-            "index": minor if minor and minor.strip().isdigit() else str(position),
+            "index": minor
+            if minor and minor.strip().isascii() and minor.strip().isdigit()
+            else str(position),
             "name": gpu.findtext("product_name"),
             "uuid": gpu.findtext("uuid"),
             "pci.bus_id": gpu.get("id") or gpu.findtext("pci/pci_bus_id"),

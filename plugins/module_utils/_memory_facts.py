@@ -10,6 +10,7 @@ functions turn that situation into numbers a guard can compare.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -24,13 +25,41 @@ class ProcParseError(ValueError):
     """The text is not the /proc file it should be."""
 
 
+# 2**63 has 19 digits: a longer number is no kernel counter, only garbage.
+MAX_DIGITS = 19
+
+
+def _int(text: str, what: str) -> int:
+    """A kernel counter; garbage or an absurdly long number is a ProcParseError."""
+    value = text.strip()
+    if not value.isascii() or not value.isdigit():
+        raise ProcParseError(f"{what}: {value[:40]!r} is not a number")
+    if len(value) > MAX_DIGITS:
+        raise ProcParseError(f"{what}: {value[:40]}... has {len(value)} digits, no kernel counter")
+    return int(value)
+
+
+def _float(text: str, what: str) -> float:
+    value = text.strip()
+    if len(value) > 40:
+        raise ProcParseError(f"{what}: {value[:40]!r}... is not a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ProcParseError(f"{what}: {value!r} is not a number") from None
+    if not math.isfinite(number) or number < 0:
+        raise ProcParseError(f"{what}: {value!r} is not a finite, non-negative number")
+    return number
+
+
 def parse_meminfo(text: str) -> dict[str, int]:
     """``/proc/meminfo`` -> ``{"MemTotal": kib, ...}`` (values in KiB)."""
     values: dict[str, int] = {}
     for line in text.splitlines():
         match = _MEMINFO_LINE.match(line.strip())
         if match:
-            values[match.group("key")] = int(match.group("value"))
+            key = match.group("key")
+            values[key] = _int(match.group("value"), f"meminfo {key}")
     if "MemTotal" not in values:
         raise ProcParseError("no MemTotal line: not /proc/meminfo")
     return values
@@ -46,7 +75,8 @@ def parse_psi(text: str) -> dict[str, dict[str, float]]:
         fields = {}
         for item in match.group("fields").split():
             key, _, value = item.partition("=")
-            fields[key] = float(value) if key != "total" else int(value)
+            what = f"PSI {match.group('kind')} {key}"
+            fields[key] = _float(value, what) if key != "total" else _int(value, what)
         result[match.group("kind")] = fields
     if "some" not in result:
         raise ProcParseError("no 'some' line: not a PSI file")
@@ -57,14 +87,14 @@ def parse_loadavg(text: str) -> dict[str, Any]:
     """``/proc/loadavg`` -> load averages and runnable/total tasks."""
     parts = text.split()
     if len(parts) < 4 or "/" not in parts[3]:
-        raise ProcParseError(f"unexpected /proc/loadavg content {text!r}")
+        raise ProcParseError(f"unexpected /proc/loadavg content {text[:80]!r}")
     running, _, total = parts[3].partition("/")
     return {
-        "1m": float(parts[0]),
-        "5m": float(parts[1]),
-        "15m": float(parts[2]),
-        "runnable": int(running),
-        "tasks": int(total),
+        "1m": _float(parts[0], "loadavg 1m"),
+        "5m": _float(parts[1], "loadavg 5m"),
+        "15m": _float(parts[2], "loadavg 15m"),
+        "runnable": _int(running, "loadavg runnable"),
+        "tasks": _int(total, "loadavg tasks"),
     }
 
 
@@ -76,10 +106,10 @@ def parse_memlock(text: str) -> dict[str, int | None]:
             return {
                 "soft_bytes": None
                 if match.group("soft") == "unlimited"
-                else int(match.group("soft")),
+                else _int(match.group("soft"), "Max locked memory soft limit"),
                 "hard_bytes": None
                 if match.group("hard") == "unlimited"
-                else int(match.group("hard")),
+                else _int(match.group("hard"), "Max locked memory hard limit"),
             }
     raise ProcParseError("no 'Max locked memory' line: not a limits file")
 
@@ -93,13 +123,14 @@ def parse_status(text: str) -> dict[str, Any]:
             fields[key.strip()] = value.strip()
     if "Uid" not in fields:
         raise ProcParseError("no Uid line: not a status file")
-    rss = fields.get("VmRSS", "0 kB").split()[0]
-    swap = fields.get("VmSwap", "0 kB").split()[0]
+    rss = (fields.get("VmRSS") or "0 kB").split()[0]
+    swap = (fields.get("VmSwap") or "0 kB").split()[0]
+    uid = (fields["Uid"].split() or [""])[0]
     return {
         "name": fields.get("Name", ""),
-        "uid": int(fields["Uid"].split()[0]),
-        "rss_kib": int(rss),
-        "swap_kib": int(swap),
+        "uid": _int(uid, "status Uid"),
+        "rss_kib": _int(rss, "status VmRSS"),
+        "swap_kib": _int(swap, "status VmSwap"),
     }
 
 
@@ -110,11 +141,22 @@ def parse_cgroup_limit(value: str | None) -> int | None:
     value = value.strip()
     if not value or value == "max":
         return None
-    number = int(value)
+    number = _int(value, "cgroup memory limit")
     # cgroup v1 reports "unlimited" as a page-rounded LONG_MAX.
     if number >= 2**62:
         return None
     return number
+
+
+def parse_cgroup_usage(usage: str, stat: str | None, inactive_key: str) -> int:
+    """cgroup ``memory.current`` minus the reclaimable inactive file cache of ``memory.stat``."""
+    used = _int(usage, "cgroup memory usage")
+    inactive = 0
+    for line in (stat or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == inactive_key:
+            inactive = _int(value, f"cgroup memory.stat {inactive_key}")
+    return max(used - inactive, 0)
 
 
 def memory_summary(

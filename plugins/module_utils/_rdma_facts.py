@@ -16,7 +16,7 @@ from typing import Any
 
 _ENUM = re.compile(r"^(?P<name>\S+)\s+\((?P<code>-?\d+)\)$")
 _GID_LINE = re.compile(
-    r"^GID\[\s*(?P<index>\d+)\]:\s*(?P<gid>[0-9A-Fa-f:.]+)(?:,\s*(?P<type>.+))?$"
+    r"^GID\[\s*(?P<index>\d{1,6})\]:\s*(?P<gid>[0-9A-Fa-f:.]+)(?:,\s*(?P<type>.+))?$"
 )
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
@@ -31,7 +31,7 @@ def _mtu(value: str | None) -> int | None:
         return None
     match = _ENUM.match(value.strip())
     token = match.group("name") if match else value.strip()
-    return int(token) if token.isdigit() else None
+    return int(token) if token.isascii() and token.isdigit() and len(token) <= 9 else None
 
 
 def _enum_name(value: str | None) -> str | None:
@@ -85,7 +85,7 @@ def parse_ibv_devinfo(text: str) -> dict[str, Any]:
             continue
         if device is None:
             continue
-        if key == "port" and sep and value.isdigit():
+        if key == "port" and sep and value.isascii() and value.isdigit() and len(value) <= 4:
             port = {"gids": {}}
             device["ports"][value] = port
             continue
@@ -123,8 +123,9 @@ def parse_ibv_devinfo(text: str) -> dict[str, Any]:
     if not devices:
         raise RdmaParseError("no 'hca_id:' in output: not ibv_devinfo output")
     for device in devices.values():
-        if "phys_port_cnt" in device and device["phys_port_cnt"].isdigit():
-            device["phys_port_cnt"] = int(device["phys_port_cnt"])
+        count = device.get("phys_port_cnt")
+        if count is not None and count.isascii() and count.isdigit() and len(count) <= 4:
+            device["phys_port_cnt"] = int(count)
     return devices
 
 
@@ -134,7 +135,9 @@ def parse_show_gids(text: str) -> list[dict[str, Any]]:
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.split("\t")]
         cells = [cell for cell in cells if cell != ""]
-        if len(cells) < 5 or not cells[1].isdigit() or not cells[2].isdigit():
+        if len(cells) < 5 or not all(
+            cell.isascii() and cell.isdigit() and len(cell) <= 6 for cell in cells[1:3]
+        ):
             continue
         device, port, index, gid = cells[0], cells[1], cells[2], cells[3]
         rest = cells[4:]
@@ -187,6 +190,8 @@ def roce_v2_ipv4_index(
     wanted = set(ipv4_addresses)
     candidates = []
     for index, entry in gids.items():
+        if not (str(index).isascii() and str(index).isdigit()):
+            continue
         if entry.get("type") != "RoCE v2" or entry.get("ipv4") not in wanted:
             continue
         if netdev and entry.get("netdev") and entry["netdev"] != netdev:

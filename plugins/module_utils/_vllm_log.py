@@ -10,6 +10,7 @@ thousands separators.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -108,12 +109,75 @@ _TRANSFER = re.compile(r"vllm:(kv_offload_(?:store|load)_(?:bytes|time))=([\d.eE
 _HTTP = re.compile(r'"(?:GET|POST|PUT|DELETE) (\S+) HTTP/[\d.]+" (\d{3})')
 _INIT_TIME = re.compile(rf"init engine \(profile, create kv cache, warmup model\) took ({_FLT}) s")
 _ERROR = re.compile(
-    r"(OSError: \[Errno \d+\] [^\n]+|\w+Error: [^\n]+|RuntimeError[^\n]*|Engine core initialization failed[^\n]*)"
+    r"(OSError: \[Errno \d+\] [^\n]+|(?<!\w)\w{0,80}Error: [^\n]+|RuntimeError[^\n]*"
+    r"|Engine core initialization failed[^\n]*)"
 )
 
 
+# Longer numbers are no count vLLM prints; they are garbage, and int() of thousands
+# of digits raises ValueError (or hangs), float() of them gives inf.
+MAX_DIGITS = 18
+# Lines longer than this are parsed only up to here: vLLM's longest lines (the
+# non-default args, a traceback's last frame) are a few KiB.
+MAX_LINE = 65536
+
+
+class _Garbage(ValueError):
+    """A line matched a pattern but its number is no number vLLM prints."""
+
+
+class LogInputError(ValueError):
+    """The log cannot be read as text, or is empty; the message names the source."""
+
+
+class LogEmptyError(LogInputError):
+    """The log has no line at all."""
+
+
 def _int(text: str) -> int:
-    return int(text.replace(",", ""))
+    digits = text.strip().replace(",", "")
+    if not digits.isascii() or not digits.isdigit() or len(digits) > MAX_DIGITS:
+        raise _Garbage(text[:40])
+    return int(digits)
+
+
+def _flt(text: str) -> float:
+    value = text.strip()
+    if len(value) > 40:
+        raise _Garbage(value[:40])
+    try:
+        number = float(value)
+    except ValueError:
+        raise _Garbage(value) from None
+    if not math.isfinite(number):
+        raise _Garbage(value)
+    return number
+
+
+def decode_log(data: bytes, origin: str) -> str:
+    """The bytes of a log as text; raises LogInputError when they are not text."""
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise LogInputError(
+            f"{origin} is not text: NUL byte at offset {nul} (a binary file, or a"
+            " journal file read directly: read it with unit and source=journal)"
+        )
+    text = data.decode("utf-8", errors="replace")
+    undecodable = text.count("\ufffd")
+    if undecodable > max(16, len(text) // 100):
+        raise LogInputError(
+            f"{origin} is not text: {undecodable} of {len(data)} bytes are not UTF-8"
+        )
+    return text
+
+
+def check_log_text(text: str, origin: str) -> None:
+    """Raise LogInputError when ``text`` is empty or not text."""
+    if "\x00" in text:
+        raise LogInputError(f"{origin} is not text: it contains NUL characters")
+    stripped = text.strip()
+    if not stripped or stripped == "-- No entries --":
+        raise LogEmptyError(f"the log is empty: {origin} has no lines")
 
 
 def line_rank(line: str) -> int | None:
@@ -121,7 +185,10 @@ def line_rank(line: str) -> int | None:
     for pattern in _RANK_RES:
         match = pattern.search(line)
         if match:
-            return int(match.group(1))
+            try:
+                return _int(match.group(1))
+            except _Garbage:
+                return None
     return None
 
 
@@ -172,13 +239,31 @@ def _finish_boot(boot: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unwrap(text: str) -> list[str]:
-    """Lines; a hard-wrapped continuation (starts lower-case) joins its line."""
+    """Lines; a hard-wrapped continuation (starts lower-case) joins its line.
+
+    Linear in the text: the pieces of a line are joined once, and a line
+    stops growing at ``MAX_LINE`` (a log of only lower-case lines would
+    otherwise become one line rebuilt at every step).
+    """
     joined: list[str] = []
+    pieces: list[str] = []
+    size = 0
     for line in text.splitlines():
-        if joined and joined[-1].strip() and re.match(r"[a-z]", line):
-            joined[-1] = f"{joined[-1].rstrip()} {line.strip()}"
-        else:
+        if pieces and size < MAX_LINE and "a" <= line[:1] <= "z":
+            pieces[-1] = pieces[-1].rstrip()
+            piece = " " + line.strip()
+            pieces.append(piece)
+            size += len(piece)
+            continue
+        if pieces:
+            joined.append("".join(pieces))
+        # only a non-blank line can be continued
+        pieces = [line] if line.strip() else []
+        size = len(line)
+        if not pieces:
             joined.append(line)
+    if pieces:
+        joined.append("".join(pieces))
     return joined
 
 
@@ -192,7 +277,7 @@ def _parse_stats(line: str) -> dict[str, Any] | None:
         match = pattern.search(line)
         if match:
             value = match.group(1)
-            found[key] = int(value) if key in ("running", "waiting") else float(value)
+            found[key] = _int(value) if key in ("running", "waiting") else _flt(value)
     return found or None
 
 
@@ -204,10 +289,10 @@ def _parse_spec(line: str) -> dict[str, Any] | None:
         match = pattern.search(line)
         if match:
             value = match.group(1)
-            found[key] = int(value) if key.endswith(("_tokens", "_depth")) else float(value)
+            found[key] = _int(value) if key.endswith(("_tokens", "_depth")) else _flt(value)
     match = _PER_POSITION.search(line)
     if match:
-        found["per_position_acceptance"] = [float(v) for v in match.group(1).split(",")]
+        found["per_position_acceptance"] = [_flt(v) for v in match.group(1).split(",")]
     return found or None
 
 
@@ -258,7 +343,7 @@ def context_rejection(line: str) -> dict[str, Any] | None:
     match = _CONTEXT_ERROR.search(line)
     if not match:
         return None
-    limit, output, prompt = (int(g) for g in match.groups())
+    limit, output, prompt = (_int(g) for g in match.groups())
     return {
         "max_context_length": limit,
         "requested_output_tokens": output,
@@ -285,6 +370,7 @@ def parse_log(text: str) -> dict[str, Any]:
     transfer: dict[str, float] = {}
     http: dict[str, int] = {}
     errors: list[str] = []
+    unparsed: list[str] = []
 
     def new_boot() -> None:
         nonlocal boot
@@ -293,139 +379,146 @@ def parse_log(text: str) -> dict[str, Any]:
         boot = _new_boot(version)
 
     for raw in _unwrap(text):
-        line = raw.rstrip()
+        line = raw.rstrip()[:MAX_LINE]
         if not line:
             continue
-        rank = line_rank(line)
-        for pattern in _VERSION_RES:
-            match = pattern.search(line)
-            if match:
+        try:
+            rank = line_rank(line)
+            for pattern in _VERSION_RES:
+                match = pattern.search(line)
+                if match:
+                    if _boot_started(boot):
+                        new_boot()
+                    version = match.group(1)
+                    boot["version"] = version
+                    break
+            if any(p.search(line) for p in _BOOT_RES):
                 if _boot_started(boot):
                     new_boot()
-                version = match.group(1)
-                boot["version"] = version
-                break
-        if any(p.search(line) for p in _BOOT_RES):
-            if _boot_started(boot):
-                new_boot()
-            for key, value in _ARG.findall(line):
-                boot["args"][key] = float(value) if "." in value else int(value)
-            if "kv_cache_memory_bytes" in boot["args"]:
-                # explicit KV bytes: vLLM skips profiling (GPU builds also say so in words)
+                for key, value in _ARG.findall(line):
+                    boot["args"][key] = _flt(value) if "." in value else _int(value)
+                if "kv_cache_memory_bytes" in boot["args"]:
+                    # explicit KV bytes: vLLM skips profiling (GPU builds also say so in words)
+                    boot["profiling_skipped"] = True
+                    boot["kv_reserved_gib"] = round(boot["args"]["kv_cache_memory_bytes"] / GIB, 4)
+            match = _KV_SIZE.search(line)
+            if match:
+                if boot["kv_cache_tokens"] is not None:
+                    new_boot()
+                boot["kv_cache_device"] = match.group(1)
+                boot["kv_cache_tokens"] = _int(match.group(2))
+            match = _CONCURRENCY.search(line)
+            if match:
+                if boot["max_concurrency"] is not None:
+                    new_boot()
+                boot["concurrency_max_model_len"] = _int(match.group(1))
+                boot["max_concurrency"] = _flt(match.group(2))
+            match = _AVAILABLE_KV.search(line)
+            if match:
+                key = rank if rank is not None else 0
+                if boot["kv_cache_tokens"] is not None:
+                    new_boot()
+                boot["available_kv_gib"][key] = _flt(match.group(1) or match.group(2))
+            match = _SKIPPED.search(line)
+            if match:
                 boot["profiling_skipped"] = True
-                boot["kv_reserved_gib"] = round(boot["args"]["kv_cache_memory_bytes"] / GIB, 4)
-        match = _KV_SIZE.search(line)
-        if match:
-            if boot["kv_cache_tokens"] is not None:
-                new_boot()
-            boot["kv_cache_device"] = match.group(1)
-            boot["kv_cache_tokens"] = _int(match.group(2))
-        match = _CONCURRENCY.search(line)
-        if match:
-            if boot["max_concurrency"] is not None:
-                new_boot()
-            boot["concurrency_max_model_len"] = _int(match.group(1))
-            boot["max_concurrency"] = float(match.group(2))
-        match = _AVAILABLE_KV.search(line)
-        if match:
-            key = rank if rank is not None else 0
-            if boot["kv_cache_tokens"] is not None:
-                new_boot()
-            boot["available_kv_gib"][key] = float(match.group(1) or match.group(2))
-        match = _SKIPPED.search(line)
-        if match:
-            boot["profiling_skipped"] = True
-            boot["kv_reserved_gib"] = float(match.group(1))
-        match = _FREE_MEM.search(line)
-        if match:
-            entry: dict[str, Any] = {
-                "rank": rank if rank is not None else 0,
-                "device": match.group("device"),
-                "free_gib": float(match.group("free")),
-                "total_gib": float(match.group("total")),
-                "requested_utilization": float(match.group("util")),
-                "requested_gib": float(match.group("req")),
-                "below_requested": "is less than desired" in line,
-            }
-            usage = _USAGE.search(line)
-            if usage:
-                entry.update(
-                    weights_gib=float(usage.group(1)),
-                    peak_activation_gib=float(usage.group(2)),
-                    non_torch_gib=float(usage.group(3)),
-                    cudagraph_gib=float(usage.group(4)),
-                )
-            boot["startup_memory"][entry["rank"]] = entry
-        match = _CPU_KV_MEM.search(line)
-        if match:
-            key = rank if rank is not None else 0
-            boot["startup_memory"][key] = {
-                "rank": key,
-                "device": f"node {match.group('device')}",
-                "free_gib": float(match.group("free")),
-                "total_gib": float(match.group("total")),
-                "requested_utilization": None,
-                "requested_gib": float(match.group("req")),
-                "requested_kv_gib": float(match.group("kv")),
-                "below_requested": True,
-            }
-        for match in _SUGGEST.finditer(line):
-            purpose = "fit_requested" if match.group(3) == "fit" else "fully_utilize"
-            boot["kv_cache_memory_bytes_suggested"][purpose] = int(match.group(1))
-        match = _INSUFFICIENT.search(line)
-        if match:
-            boot["insufficient"] = {
-                "requested_max_model_len": _int(match.group(1)),
-                "kv_needed_gib": float(match.group(2)),
-                "kv_available_gib": float(match.group(3)),
-            }
-        match = _INSUFFICIENT_OLD.search(line)
-        if match:
-            boot["insufficient"] = {
-                "requested_max_model_len": int(match.group(1)),
-                "kv_needed_gib": None,
-                "kv_available_gib": None,
-            }
-            boot["estimated_max_model_len"] = int(match.group(2))
-        if _NO_KV.search(line):
-            boot["insufficient"] = {
-                "requested_max_model_len": None,
-                "kv_needed_gib": None,
-                "kv_available_gib": 0.0,
-            }
-        match = _ESTIMATED.search(line)
-        if match:
-            boot["estimated_max_model_len"] = int(match.group(1))
-        _read_oom(line, rank, boot)
-        match = _SCHEDULED.search(line)
-        if match:
-            boot["scheduled_tokens"] = int(match.group(1))
-        match = _INIT_TIME.search(line)
-        if match:
-            boot["init_seconds"] = float(match.group(1))
-        row = _parse_stats(line)
-        if row:
-            stats.append(row)
-        row = _parse_spec(line)
-        if row:
-            spec.append(row)
-        rejection = context_rejection(line)
-        if rejection:
-            context_errors.append(rejection)
-        match = _CONTEXT_LIMIT.search(line)
-        if match:
-            context_limits.append(int(match.group(1) or match.group(2)))
-        match = _MMAP.search(line)
-        if match:
-            mmaps.append({"path": match.group(1), "gb": float(match.group(2))})
-        for key, value in _TRANSFER.findall(line):
-            transfer[key] = transfer.get(key, 0.0) + float(value)
-        match = _HTTP.search(line)
-        if match:
-            http[match.group(2)] = http.get(match.group(2), 0) + 1
-        message = _error_message(line)
-        if message and message not in errors and len(errors) < 20:
-            errors.append(message)
+                boot["kv_reserved_gib"] = _flt(match.group(1))
+            match = _FREE_MEM.search(line)
+            if match:
+                entry: dict[str, Any] = {
+                    "rank": rank if rank is not None else 0,
+                    "device": match.group("device"),
+                    "free_gib": _flt(match.group("free")),
+                    "total_gib": _flt(match.group("total")),
+                    "requested_utilization": _flt(match.group("util")),
+                    "requested_gib": _flt(match.group("req")),
+                    "below_requested": "is less than desired" in line,
+                }
+                usage = _USAGE.search(line)
+                if usage:
+                    entry.update(
+                        weights_gib=_flt(usage.group(1)),
+                        peak_activation_gib=_flt(usage.group(2)),
+                        non_torch_gib=_flt(usage.group(3)),
+                        cudagraph_gib=_flt(usage.group(4)),
+                    )
+                boot["startup_memory"][entry["rank"]] = entry
+            match = _CPU_KV_MEM.search(line)
+            if match:
+                key = rank if rank is not None else 0
+                boot["startup_memory"][key] = {
+                    "rank": key,
+                    "device": f"node {match.group('device')}",
+                    "free_gib": _flt(match.group("free")),
+                    "total_gib": _flt(match.group("total")),
+                    "requested_utilization": None,
+                    "requested_gib": _flt(match.group("req")),
+                    "requested_kv_gib": _flt(match.group("kv")),
+                    "below_requested": True,
+                }
+            for match in _SUGGEST.finditer(line):
+                purpose = "fit_requested" if match.group(3) == "fit" else "fully_utilize"
+                boot["kv_cache_memory_bytes_suggested"][purpose] = _int(match.group(1))
+            match = _INSUFFICIENT.search(line)
+            if match:
+                boot["insufficient"] = {
+                    "requested_max_model_len": _int(match.group(1)),
+                    "kv_needed_gib": _flt(match.group(2)),
+                    "kv_available_gib": _flt(match.group(3)),
+                }
+            match = _INSUFFICIENT_OLD.search(line)
+            if match:
+                boot["insufficient"] = {
+                    "requested_max_model_len": _int(match.group(1)),
+                    "kv_needed_gib": None,
+                    "kv_available_gib": None,
+                }
+                boot["estimated_max_model_len"] = _int(match.group(2))
+            if _NO_KV.search(line):
+                boot["insufficient"] = {
+                    "requested_max_model_len": None,
+                    "kv_needed_gib": None,
+                    "kv_available_gib": 0.0,
+                }
+            match = _ESTIMATED.search(line)
+            if match:
+                boot["estimated_max_model_len"] = _int(match.group(1))
+            _read_oom(line, rank, boot)
+            match = _SCHEDULED.search(line)
+            if match:
+                boot["scheduled_tokens"] = _int(match.group(1))
+            match = _INIT_TIME.search(line)
+            if match:
+                boot["init_seconds"] = _flt(match.group(1))
+            row = _parse_stats(line)
+            if row:
+                stats.append(row)
+            row = _parse_spec(line)
+            if row:
+                spec.append(row)
+            rejection = context_rejection(line)
+            if rejection:
+                context_errors.append(rejection)
+            match = _CONTEXT_LIMIT.search(line)
+            if match:
+                context_limits.append(_int(match.group(1) or match.group(2)))
+            match = _MMAP.search(line)
+            if match:
+                mmaps.append({"path": match.group(1), "gb": _flt(match.group(2))})
+            for key, value in _TRANSFER.findall(line):
+                total = transfer.get(key, 0.0) + _flt(value)
+                if not math.isfinite(total):
+                    raise _Garbage(value)
+                transfer[key] = total
+            match = _HTTP.search(line)
+            if match:
+                http[match.group(2)] = http.get(match.group(2), 0) + 1
+            message = _error_message(line)
+            if message and message not in errors and len(errors) < 20:
+                errors.append(message)
+        except _Garbage:
+            # a vLLM pattern with a number vLLM never prints: count it, do not guess
+            unparsed.append(line[:200])
 
     if _boot_started(boot) or not boots:
         boots.append(boot)
@@ -465,6 +558,7 @@ def parse_log(text: str) -> dict[str, Any]:
         "http_status": http,
         "errors": errors,
         "boots": [_boot_summary(b) for b in finished],
+        "unparsed_lines": {"count": len(unparsed), "samples": unparsed[:5]},
     }
 
 
@@ -481,19 +575,19 @@ def _error_message(line: str) -> str | None:
 
 def _read_oom(line: str, rank: int | None, boot: dict[str, Any]) -> None:
     match = _DIED.search(line)
-    if match and int(match.group(1)) not in boot["died_ranks"]:
-        boot["died_ranks"].append(int(match.group(1)))
+    if match and _int(match.group(1)) not in boot["died_ranks"]:
+        boot["died_ranks"].append(_int(match.group(1)))
     if not _OOM_ANY.search(line) or "died unexpectedly" in line:
         return
     size: int | None = None
     match = _OOM_BYTES.search(line)
     if match:
-        size = int(match.group(2))
+        size = _int(match.group(2))
     else:
         match = _OOM_TORCH.search(line)
         if match:
             factor = {"GiB": GIB, "MiB": 1024**2, "KiB": 1024}[match.group(2)]
-            size = int(float(match.group(1)) * factor)
+            size = int(_flt(match.group(1)) * factor)
     if size is None and "OutOfMemoryError" not in line and "allocation failed" not in line:
         return
     if any(o["rank"] == rank and o["bytes"] == size for o in boot["oom"]):
@@ -558,3 +652,17 @@ def to_observations(
             entry["kv_memory_gib"] = memory
         entries.append(entry)
     return entries
+
+
+def recognised(parsed: dict[str, Any]) -> bool:
+    """Whether ``parse_log`` found anything vLLM writes (a version, a boot, stats or errors)."""
+    return bool(
+        parsed["version"]
+        or any(b["kv_cache_tokens"] is not None or b["kv_insufficient"] for b in parsed["boots"])
+        or parsed["stats"]
+        or parsed["spec_decode"]
+        or parsed["errors"]
+        or parsed["http_status"]
+        or parsed["oom"]
+        or parsed["context_errors"]
+    )

@@ -33,8 +33,17 @@ options:
       - Mount point of sysfs.
     type: path
     default: /sys
+  timeout:
+    description:
+      - Seconds each C(ethtool) call may take. A call that does not finish in time is killed and fails the
+        module with the command named.
+    type: float
+    default: 30
 notes:
   - An interface that does not exist fails the module with its name, so a typo in the inventory is caught here.
+  - Interface names are checked against the kernel's rule (1 to 15 characters, no C(/), C(:) or white space,
+    not C(.) or C(..)) before they become sysfs paths or C(ethtool) arguments.
+  - Commands run with C(LC_ALL=C).
   - Virtual links (veth) always report C(10000Mb/s); some virtual NICs report no speed (C(speed_mbps=null)).
 """
 
@@ -78,20 +87,31 @@ ansible_facts:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+    CommandError,
+    Runner,
+    timeout_error,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._ethtool_facts import (
     EthtoolParseError,
     parse_driver,
     parse_settings,
+    sysfs_int,
+    sysfs_text,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._names import (
+    InvalidName,
+    interface_name,
 )
 
-C_LOCALE = {"LC_ALL": "C", "LANG": "C"}
+HINT = "the NIC driver may be stuck (see 'dmesg'); raise timeout only if ethtool is merely slow"
 
 
 def _sys(path: str) -> str | None:
     try:
-        with open(path, encoding="ascii") as handle:
-            return handle.read().strip()
-    except OSError:
+        with open(path, "rb") as handle:
+            return sysfs_text(handle.read(4096))
+    except (OSError, ValueError):
         return None
 
 
@@ -101,9 +121,28 @@ def main() -> None:
             "interfaces": {"type": "list", "elements": "str", "required": True},
             "ethtool": {"type": "str", "default": "ethtool"},
             "sys_root": {"type": "path", "default": "/sys"},
+            "timeout": {"type": "float", "default": 30.0},
         },
         supports_check_mode=True,
     )
+    problem = timeout_error(module.params["timeout"])
+    if problem:
+        module.fail_json(msg=problem)
+    if not module.params["interfaces"]:
+        module.fail_json(msg="interfaces: give at least one interface name to read")
+    try:
+        for position, name in enumerate(module.params["interfaces"]):
+            interface_name(name, f"interfaces[{position}]")
+    except InvalidName as exc:
+        module.fail_json(msg=f"{exc}. Fix the interface name in the inventory.")
+    runner = Runner(module.params["timeout"])
+    try:
+        _facts(module, runner)
+    except CommandError as exc:
+        module.fail_json(msg=str(exc), cmd=runner.ran[-1] if runner.ran else None)
+
+
+def _facts(module: AnsibleModule, runner: Runner) -> None:
     net = os.path.join(module.params["sys_root"], "class", "net")
     missing = [
         name for name in module.params["interfaces"] if not os.path.isdir(os.path.join(net, name))
@@ -118,10 +157,10 @@ def main() -> None:
     ethtool = module.get_bin_path(module.params["ethtool"], required=True)
     facts = {}
     for name in module.params["interfaces"]:
-        rc, out, err = module.run_command([ethtool, name], environ_update=C_LOCALE)
+        rc, out, err = runner.run([ethtool, name], HINT)
         if rc != 0:
-            module.fail_json(msg=f"'ethtool {name}' failed with rc={rc}: {err.strip()}")
-        rc_i, out_i, _err_i = module.run_command([ethtool, "-i", name], environ_update=C_LOCALE)
+            module.fail_json(msg=f"'ethtool {name}' failed with rc={rc}: {err.strip()[:500]}")
+        rc_i, out_i, _err_i = runner.run([ethtool, "-i", name], HINT)
         try:
             entry = parse_settings(out)
             entry.update(
@@ -136,8 +175,7 @@ def main() -> None:
             )
         except EthtoolParseError as exc:
             module.fail_json(msg=f"Could not parse ethtool output for {name}: {exc}")
-        mtu = _sys(os.path.join(net, name, "mtu"))
-        entry["mtu"] = int(mtu) if mtu and mtu.isdigit() else None
+        entry["mtu"] = sysfs_int(_sys(os.path.join(net, name, "mtu")))
         entry["operstate"] = _sys(os.path.join(net, name, "operstate"))
         entry["mac_address"] = _sys(os.path.join(net, name, "address"))
         facts[name] = entry

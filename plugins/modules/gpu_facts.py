@@ -42,6 +42,13 @@ options:
       - When V(false) such a host returns C(present=false).
     type: bool
     default: false
+  timeout:
+    description:
+      - Seconds each C(nvidia-smi) call may take. A call that does not finish in time is killed and
+        fails the module with the command named (a wedged GPU driver must not hang preflight), also
+        when O(required=false).
+    type: float
+    default: 30
 notes:
   - Commands run with C(LC_ALL=C).
 """
@@ -123,6 +130,11 @@ ansible_facts:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+    CommandError,
+    Runner,
+    timeout_error,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts import (
     QUERY_FIELDS,
     NvidiaSmiParseError,
@@ -137,7 +149,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts 
     parse_meminfo,
 )
 
-C_LOCALE = {"LC_ALL": "C", "LANG": "C"}
+HINT = (
+    "the GPU driver may be wedged (look for Xid errors in 'dmesg' and run nvidia-smi by hand);"
+    " the node is sick, not unreachable (F5). Raise timeout only if nvidia-smi is merely slow"
+)
 
 
 def _absent(module: AnsibleModule, why: str) -> None:
@@ -158,9 +173,21 @@ def main() -> None:
             "source": {"type": "str", "choices": ["csv", "xml"], "default": "csv"},
             "meminfo_path": {"type": "path", "default": "/proc/meminfo"},
             "required": {"type": "bool", "default": False},
+            "timeout": {"type": "float", "default": 30.0},
         },
         supports_check_mode=True,
     )
+    problem = timeout_error(module.params["timeout"])
+    if problem:
+        module.fail_json(msg=problem)
+    runner = Runner(module.params["timeout"])
+    try:
+        _facts(module, runner)
+    except CommandError as exc:
+        module.fail_json(msg=str(exc), cmd=runner.ran[-1] if runner.ran else None)
+
+
+def _facts(module: AnsibleModule, runner: Runner) -> None:
     binary = module.params["nvidia_smi"]
     path = (
         (binary if os.access(binary, os.X_OK) else None)
@@ -170,31 +197,31 @@ def main() -> None:
     if not path:
         _absent(module, f"{binary} not found in PATH")
 
-    rc, table_out, err = module.run_command([path], environ_update=C_LOCALE)
+    rc, table_out, err = runner.run([path], HINT)
     if rc != 0:
-        _absent(module, f"'{binary}' failed with rc={rc}: {(err or table_out).strip()}")
+        _absent(module, f"'{binary}' failed with rc={rc}: {(err or table_out).strip()[:500]}")
     try:
         table = parse_table(table_out)
         if module.params["source"] == "xml":
-            rc, out, err = module.run_command([path, "-q", "-x"], environ_update=C_LOCALE)
+            rc, out, err = runner.run([path, "-q", "-x"], HINT)
             if rc != 0:
-                module.fail_json(msg=f"'{binary} -q -x' failed with rc={rc}: {err.strip()}")
+                module.fail_json(msg=f"'{binary} -q -x' failed with rc={rc}: {err.strip()[:500]}")
             parsed = parse_xml(out)
             gpus = merge_table(parsed["gpus"], table)
             driver = parsed["driver_version"] or table["driver_version"]
             cuda = parsed["cuda_version"] or table["cuda_version"]
         else:
             query = ["--query-gpu=" + ",".join(QUERY_FIELDS), "--format=csv"]
-            rc, out, err = module.run_command([path, *query], environ_update=C_LOCALE)
+            rc, out, err = runner.run([path, *query], HINT)
             if rc != 0:
                 module.fail_json(
-                    msg=f"'{binary} {' '.join(query)}' failed with rc={rc}: {err.strip()}"
+                    msg=f"'{binary} {' '.join(query)}' failed with rc={rc}: {err.strip()[:500]}"
                 )
             gpus = merge_table(parse_query_csv(out), table)
             driver = table["driver_version"]
             cuda = table["cuda_version"]
     except NvidiaSmiParseError as exc:
-        module.fail_json(msg=f"Could not parse nvidia-smi output: {exc}")
+        module.fail_json(msg=f"Could not parse the output of {binary} (nvidia_smi): {exc}")
 
     if not gpus:
         _absent(module, "nvidia-smi reports no GPU")
@@ -202,8 +229,8 @@ def main() -> None:
     meminfo = None
     if any(gpu["memory_total_mib"] is None for gpu in gpus):
         try:
-            with open(module.params["meminfo_path"], encoding="ascii") as handle:
-                meminfo = parse_meminfo(handle.read())
+            with open(module.params["meminfo_path"], encoding="ascii", errors="replace") as handle:
+                meminfo = parse_meminfo(handle.read(1024 * 1024))
         except (OSError, ProcParseError) as exc:
             module.fail_json(
                 msg=f"GPU reports no memory (unified memory) and {module.params['meminfo_path']} is unreadable: {exc}"

@@ -145,6 +145,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts 
     memory_summary,
     other_users_processes,
     parse_cgroup_limit,
+    parse_cgroup_usage,
     parse_loadavg,
     parse_meminfo,
     parse_memlock,
@@ -153,12 +154,15 @@ from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts 
     shm_summary,
 )
 
+# /proc and cgroup files are a few KiB; a larger one is not what it claims to be.
+MAX_READ = 1024 * 1024
+
 
 def _read(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
+            return handle.read(MAX_READ)
+    except (OSError, ValueError):
         return None
 
 
@@ -178,12 +182,11 @@ def _cgroup(sys_root: str) -> tuple[int | None, int | None]:
         limit_text = _read(os.path.join(base, limit_file))
         usage_text = _read(os.path.join(base, usage_file))
         if limit_text is not None and usage_text is not None:
-            inactive = 0
-            for line in (_read(os.path.join(base, stat_file)) or "").splitlines():
-                key, _, value = line.partition(" ")
-                if key == inactive_key and value.strip().isdigit():
-                    inactive = int(value)
-            return parse_cgroup_limit(limit_text), max(int(usage_text.strip()) - inactive, 0)
+            stat_text = _read(os.path.join(base, stat_file))
+            return (
+                parse_cgroup_limit(limit_text),
+                parse_cgroup_usage(usage_text, stat_text, inactive_key),
+            )
     return None, None
 
 
@@ -191,7 +194,7 @@ def _processes(proc_root: str) -> list[dict]:
     users: dict[int, str] = {}
     found = []
     for entry in os.listdir(proc_root):
-        if not entry.isdigit():
+        if not (entry.isascii() and entry.isdigit()):
             continue
         status_text = _read(os.path.join(proc_root, entry, "status"))
         if status_text is None:
@@ -204,7 +207,7 @@ def _processes(proc_root: str) -> list[dict]:
         if uid not in users:
             try:
                 users[uid] = pwd.getpwuid(uid).pw_name
-            except KeyError:
+            except (KeyError, OverflowError, ValueError):
                 users[uid] = str(uid)
         cmdline = (
             (_read(os.path.join(proc_root, entry, "cmdline")) or "").replace("\x00", " ").strip()
@@ -226,21 +229,32 @@ def main() -> None:
         supports_check_mode=True,
     )
     proc_root = module.params["proc_root"]
+    for option in ("min_uid", "top_processes"):
+        if module.params[option] < 0:
+            module.fail_json(msg=f"{option} must be 0 or more, got {module.params[option]}")
     meminfo_text = _read(os.path.join(proc_root, "meminfo"))
     if meminfo_text is None:
         module.fail_json(
             msg=f"Cannot read {proc_root}/meminfo: is proc_root={proc_root} a procfs mount?"
         )
+    where = os.path.join(proc_root, "meminfo")
     try:
         meminfo = parse_meminfo(meminfo_text)
+        where = os.path.join(module.params["sys_root"], "fs", "cgroup")
         limit, usage = _cgroup(module.params["sys_root"])
         facts = memory_summary(meminfo, limit, usage)
-        psi_text = _read(os.path.join(proc_root, "pressure", "memory"))
+        where = os.path.join(proc_root, "pressure", "memory")
+        psi_text = _read(where)
         facts["psi"] = parse_psi(psi_text) if psi_text else None
-        facts["loadavg"] = parse_loadavg(_read(os.path.join(proc_root, "loadavg")) or "")
-        facts["memlock"] = parse_memlock(_read(os.path.join(proc_root, "self", "limits")) or "")
+        where = os.path.join(proc_root, "loadavg")
+        facts["loadavg"] = parse_loadavg(_read(where) or "")
+        where = os.path.join(proc_root, "self", "limits")
+        facts["memlock"] = parse_memlock(_read(where) or "")
     except ProcParseError as exc:
-        module.fail_json(msg=f"Unexpected content under {proc_root}: {exc}")
+        module.fail_json(
+            msg=f"Unexpected content in {where}: {exc}; is proc_root={proc_root} (sys_root="
+            f"{module.params['sys_root']}) a real procfs (sysfs) mount?"
+        )
 
     try:
         stat = os.statvfs(module.params["shm_path"])

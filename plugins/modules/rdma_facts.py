@@ -41,6 +41,17 @@ options:
       - Fail when no RDMA device is found. When V(false) such a host returns C(present=false).
     type: bool
     default: false
+  timeout:
+    description:
+      - Seconds each command (C(ibv_devinfo -v), C(ip -j -4 addr show)) may take. A command that does not
+        finish in time is killed and fails the module with the command named (a wedged RDMA driver must not
+        hang preflight).
+    type: float
+    default: 30
+notes:
+  - Commands run with C(LC_ALL=C).
+  - Device names in O(devices) and network device names read from sysfs are checked against the kernel's
+    naming rule (no C(/), not C(..), at most 63 or 15 characters) before they become paths or arguments.
 """
 
 EXAMPLES = r"""
@@ -100,6 +111,16 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+    CommandError,
+    Runner,
+    timeout_error,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._names import (
+    InvalidName,
+    interface_name,
+    rdma_device_name,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts import (
     RdmaParseError,
     gid_table,
@@ -107,14 +128,32 @@ from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts im
     roce_v2_ipv4_index,
 )
 
-C_LOCALE = {"LC_ALL": "C", "LANG": "C"}
+HINT = (
+    "the RDMA driver or rdma-core may be stuck (see 'dmesg' and 'rdma link'); raise timeout only"
+    " if the command is merely slow"
+)
 
 
 def _read(path: str) -> str | None:
     try:
         with open(path, encoding="ascii", errors="replace") as handle:
-            return handle.read().strip()
-    except OSError:
+            return handle.read(4096).strip()
+    except (OSError, ValueError):
+        return None
+
+
+def _valid_netdev(name: str | None) -> str | None:
+    """A netdev name read from sysfs, or None when it is no valid interface name."""
+    try:
+        return interface_name(name, "netdev") if name else None
+    except InvalidName:
+        return None
+
+
+def _valid_hca(name: str) -> str | None:
+    try:
+        return rdma_device_name(name, "devices")
+    except InvalidName:
         return None
 
 
@@ -123,14 +162,13 @@ def _sysfs_gids(port_dir: str) -> dict[str, dict[str, str | None]]:
     if not os.path.isdir(gids_dir):
         return {}
     entries = {}
-    for index in sorted(os.listdir(gids_dir), key=lambda name: int(name) if name.isdigit() else -1):
-        if not index.isdigit():
-            continue
+    indices = [name for name in os.listdir(gids_dir) if name.isascii() and name.isdigit()]
+    for index in sorted(indices, key=lambda name: (len(name), name)):
         entries[index] = {
             "gid": _read(os.path.join(gids_dir, index)),
             # Reading the type or netdev of an unused slot fails with EINVAL on a real kernel.
             "type": _read(os.path.join(port_dir, "gid_attrs", "types", index)),
-            "netdev": _read(os.path.join(port_dir, "gid_attrs", "ndevs", index)),
+            "netdev": _valid_netdev(_read(os.path.join(port_dir, "gid_attrs", "ndevs", index))),
         }
     return entries
 
@@ -140,28 +178,31 @@ def _sysfs_netdev(sys_root: str, hca: str) -> str | None:
     if os.path.isdir(net_dir):
         names = sorted(os.listdir(net_dir))
         if len(names) == 1:
-            return names[0]
+            return _valid_netdev(names[0])
     return None
 
 
-def _ipv4_addresses(module: AnsibleModule, netdev: str) -> list[str]:
+def _ipv4_addresses(module: AnsibleModule, runner: Runner, netdev: str) -> list[str]:
     ip = module.get_bin_path("ip")
     if not ip:
         return []
-    rc, out, _ = module.run_command(
-        [ip, "-j", "-4", "addr", "show", "dev", netdev], environ_update=C_LOCALE
-    )
+    rc, out, _ = runner.run([ip, "-j", "-4", "addr", "show", "dev", netdev], HINT)
     if rc != 0:
         return []
     try:
         links = json.loads(out or "[]")
     except ValueError:
         return []
+    if not isinstance(links, list):
+        return []
     return [
         info["local"]
         for link in links
-        for info in link.get("addr_info", [])
-        if info.get("family") == "inet"
+        if isinstance(link, dict) and isinstance(link.get("addr_info"), list)
+        for info in link["addr_info"]
+        if isinstance(info, dict)
+        and info.get("family") == "inet"
+        and isinstance(info.get("local"), str)
     ]
 
 
@@ -172,9 +213,26 @@ def main() -> None:
             "sys_root": {"type": "path", "default": "/sys"},
             "devices": {"type": "list", "elements": "str", "default": []},
             "required": {"type": "bool", "default": False},
+            "timeout": {"type": "float", "default": 30.0},
         },
         supports_check_mode=True,
     )
+    problem = timeout_error(module.params["timeout"])
+    if problem:
+        module.fail_json(msg=problem)
+    try:
+        for name in module.params["devices"]:
+            rdma_device_name(name, "devices")
+    except InvalidName as exc:
+        module.fail_json(msg=str(exc))
+    runner = Runner(module.params["timeout"])
+    try:
+        _facts(module, runner)
+    except CommandError as exc:
+        module.fail_json(msg=str(exc), cmd=runner.ran[-1] if runner.ran else None)
+
+
+def _facts(module: AnsibleModule, runner: Runner) -> None:
     sys_root = module.params["sys_root"]
 
     def absent(why: str) -> None:
@@ -198,13 +256,20 @@ def main() -> None:
     )
     if not path:
         absent(f"{binary} not found in PATH")
-    rc, out, err = module.run_command([path, "-v"], environ_update=C_LOCALE)
+    rc, out, err = runner.run([path, "-v"], HINT)
     if rc != 0 or "No IB devices found" in (out + err):
         absent(f"'{binary} -v' found no device (rc={rc}): {(err or out).strip()[:200]}")
     try:
         devices = parse_ibv_devinfo(out)
     except RdmaParseError as exc:
         module.fail_json(msg=f"Could not parse '{binary} -v' output: {exc}")
+    # Device names become sysfs paths: one that breaks the kernel's naming rule is garbage.
+    bad = [name for name in devices if _valid_hca(name) is None]
+    if bad:
+        module.fail_json(
+            msg=f"'{binary} -v' reported device name(s) that cannot be RDMA devices: "
+            f"{', '.join(repr(name[:80]) for name in bad)}"
+        )
 
     wanted = module.params["devices"]
     unknown = [name for name in wanted if name not in devices]
@@ -235,7 +300,7 @@ def main() -> None:
             if netdev:
                 netdev_to_hca[netdev] = {"hca": hca, "port": number}
                 if netdev not in address_cache:
-                    address_cache[netdev] = _ipv4_addresses(module, netdev)
+                    address_cache[netdev] = _ipv4_addresses(module, runner, netdev)
             port["ipv4_addresses"] = address_cache.get(netdev, []) if netdev else []
             index = roce_v2_ipv4_index(port["gids"], port["ipv4_addresses"], netdev)
             port["roce_v2_gid_index"] = index

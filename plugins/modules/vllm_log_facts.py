@@ -55,9 +55,23 @@ options:
       - KV memory per rank in GiB when known from the configuration (C(VLLM_CPU_KVCACHE_SPACE),
         C(kv_cache_memory_bytes)). Otherwise the log's reserved or available KV memory is used.
     type: float
+  timeout:
+    description:
+      - Seconds C(journalctl) or C(podman logs) may take. A command that does not finish in time is
+        killed and fails the module with the command named.
+    type: float
+    default: 60
+  empty_ok:
+    description:
+      - An empty log (no line, or C(-- No entries --) from journalctl) fails the module by default: a
+        misspelled unit or a wrong O(since) reads nothing. With V(true) it is a warning and
+        C(vllm_log.empty=true), for a rescue path that must go on to roll back.
+    type: bool
+    default: false
 notes:
   - Exactly one of O(path), O(content) and O(unit) is required.
   - Commands run with C(LC_ALL=C).
+  - A log that is not text (NUL bytes, mostly invalid UTF-8) fails the module with its source named.
 """
 
 EXAMPLES = r"""
@@ -96,7 +110,9 @@ ansible_facts:
           C(estimated_max_model_len), C(oom) (list of C({rank, bytes, line})), C(oom_rank),
           C(died_ranks), C(scheduled_tokens), C(init_seconds), C(stats), C(spec_decode),
           C(stats_summary), C(context_errors), C(context_limits), C(offload_mmaps),
-          C(kv_transfer), C(http_status), C(errors), C(boots), C(observations), C(lines_read).
+          C(kv_transfer), C(http_status), C(errors), C(boots), C(observations), C(lines_read),
+          C(empty) (the log had no line; only with O(empty_ok=true)), C(unparsed_lines) (C(count)
+          and C(samples) of lines that matched a vLLM pattern with a number vLLM never prints).
       returned: always
       type: dict
       sample:
@@ -113,14 +129,31 @@ ansible_facts:
 """
 
 import datetime
+import math
+import os
 import platform
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+    CommandError,
+    Runner,
+    timeout_error,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
+    LogEmptyError,
+    LogInputError,
+    check_log_text,
+    decode_log,
     parse_log,
+    recognised,
     to_observations,
 )
+
+# A vLLM log worth parsing is megabytes; a larger file is read in part by unit+since instead.
+MAX_LOG_BYTES = 1024**3
+MAX_LINES = 10_000_000
+HINT = "the journal may be huge or journald busy; pass since, lower lines, or raise timeout"
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "path": {"type": "path"},
@@ -132,6 +165,8 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "host": {"type": "str"},
     "recipe_hash": {"type": "str"},
     "kv_memory_gib": {"type": "float"},
+    "timeout": {"type": "float", "default": 60.0},
+    "empty_ok": {"type": "bool", "default": False},
 }
 
 
@@ -150,26 +185,77 @@ def unit_command(module: AnsibleModule) -> list[str]:
     return [*argv, params["unit"]]
 
 
-def read_text(module: AnsibleModule) -> str:
-    params = module.params
+def source_name(params: dict[str, Any]) -> str:
+    """The source of the log, as the error messages name it."""
     if params["content"] is not None:
+        return "content"
+    if params["path"]:
+        return f"path {params['path']}"
+    reader = "journalctl -u" if params["source"] == "journal" else "podman logs"
+    since = f" since {params['since']}" if params["since"] else ""
+    return f"unit {params['unit']} ({reader}{since}; check the unit name and since)"
+
+
+def read_text(module: AnsibleModule, runner: Runner) -> str:
+    """The log as text; raises LogInputError when it is not text."""
+    params = module.params
+    origin = source_name(params)
+    if params["content"] is not None:
+        check_log_text(params["content"], origin)
         return params["content"]
     if params["path"]:
         try:
-            with open(params["path"], encoding="utf-8", errors="replace") as handle:
-                return handle.read()
+            if os.path.getsize(params["path"]) > MAX_LOG_BYTES:
+                module.fail_json(
+                    msg=f"path {params['path']} is larger than {MAX_LOG_BYTES} bytes: read the boot"
+                    " you need with unit and since instead"
+                )
+            with open(params["path"], "rb") as handle:
+                text = decode_log(handle.read(), origin)
         except OSError as exc:
             module.fail_json(msg=f"path {params['path']} cannot be read: {exc}")
+        check_log_text(text, origin)
+        return text
     argv = unit_command(module)
-    rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
+    rc, out, err = runner.run(argv, HINT)
     if rc != 0:
         module.fail_json(
-            msg=f"reading unit {params['unit']} failed (rc={rc}): {err.strip() or out.strip()};"
-            " check the unit name and source",
+            msg=f"reading unit {params['unit']} failed (rc={rc}): "
+            f"{(err.strip() or out.strip())[:500]}; check the unit name and source",
             cmd=argv,
         )
     # podman logs writes the container's stderr to stderr; vLLM logs there
-    return f"{out}\n{err}" if params["source"] == "podman" else out
+    text = f"{out}\n{err}" if params["source"] == "podman" else out
+    check_log_text(text, origin)
+    return text
+
+
+def _check_params(module: AnsibleModule) -> None:
+    params = module.params
+    if not 1 <= params["lines"] <= MAX_LINES:
+        module.fail_json(msg=f"lines must be between 1 and {MAX_LINES}, got {params['lines']}")
+    memory = params["kv_memory_gib"]
+    if memory is not None and (not math.isfinite(memory) or memory <= 0):
+        module.fail_json(msg=f"kv_memory_gib must be positive and finite, got {memory}")
+    problem = timeout_error(params["timeout"])
+    if problem:
+        module.fail_json(msg=problem)
+    for option in ("unit", "since", "host", "recipe_hash"):
+        value = params[option]
+        if value is None:
+            continue
+        bad = next((c for c in value if not c.isprintable()), None)
+        if bad is not None or not value.strip():
+            module.fail_json(
+                msg=f"{option} must be a non-empty printable string, got {value[:80]!r}"
+                + (f" (contains {bad!r})" if bad is not None else "")
+            )
+    unit = params["unit"]
+    if unit is not None and (unit.startswith("-") or len(unit) > 256 or " " in unit):
+        module.fail_json(
+            msg=f"unit {unit[:80]!r} is not a unit or container name (no leading '-', no spaces,"
+            " at most 256 characters)"
+        )
 
 
 def main() -> None:
@@ -179,14 +265,30 @@ def main() -> None:
         mutually_exclusive=[("path", "content", "unit")],
         supports_check_mode=True,
     )
-    if module.params["lines"] < 1:
-        module.fail_json(msg=f"lines must be at least 1, got {module.params['lines']}")
-    if module.params["kv_memory_gib"] is not None and module.params["kv_memory_gib"] <= 0:
-        module.fail_json(
-            msg=f"kv_memory_gib must be positive, got {module.params['kv_memory_gib']}"
-        )
-    text = read_text(module)
+    _check_params(module)
+    runner = Runner(module.params["timeout"])
+    empty = False
+    try:
+        text = read_text(module, runner)
+    except CommandError as exc:
+        module.fail_json(msg=str(exc), cmd=runner.ran[-1] if runner.ran else None)
+    except LogEmptyError as exc:
+        if not module.params["empty_ok"]:
+            module.fail_json(msg=str(exc))
+        module.warn(str(exc))
+        text, empty = "", True
+    except LogInputError as exc:
+        module.fail_json(msg=str(exc))
     facts = parse_log(text)
+    facts["empty"] = empty
+    origin = source_name(module.params)
+    if facts["unparsed_lines"]["count"]:
+        module.warn(
+            f"{facts['unparsed_lines']['count']} line(s) of {origin} look like vLLM reports but"
+            f" carry numbers vLLM never prints; first: {facts['unparsed_lines']['samples'][0]!r}"
+        )
+    if not empty and not recognised(facts):
+        module.warn(f"no vLLM report recognised in {origin}: is this a vLLM log?")
     recorded_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     facts["observations"] = to_observations(
         facts,

@@ -6,6 +6,7 @@ recorded GB10 output) and a recorded H200 through a one-line printer."""
 from __future__ import annotations
 
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,28 @@ def test_unreadable_meminfo_for_unified_memory_is_a_clear_error(tmp_path):
     )
     assert result.failed
     assert "unified memory" in result.result["msg"]
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_wedged_nvidia_smi_fails_by_the_timeout(tmp_path, required):
+    """A driver stuck in the kernel must not hang preflight, even with required=false."""
+    script = tmp_path / "nvidia-smi"
+    script.write_text("#!/bin/sh\nsleep 60\n")
+    script.chmod(0o755)
+    started = time.monotonic()
+    result = run_module(
+        gpu_facts, {"nvidia_smi": str(script), "timeout": 0.5, "required": required}
+    )
+    elapsed = time.monotonic() - started
+    print(f"wedged nvidia-smi failed after {elapsed:.2f} s")
+    assert result.failed
+    assert result.result["msg"].startswith("nvidia-smi did not answer within 0.5 s")
+    assert "GPU driver may be wedged" in result.result["msg"]
+    assert result.result["cmd"] == [str(script)]
+    assert elapsed < 10
+
+
+@pytest.mark.parametrize("timeout", [0, -5, float("inf"), float("nan")])
+def test_bad_timeout(timeout):
+    result = run_module(gpu_facts, {"timeout": timeout})
+    assert result.failed and result.result["msg"].startswith("timeout must be")

@@ -37,7 +37,9 @@ def make_tree(root: Path, first_index: int = 2) -> Path:
 def addresses(monkeypatch):
     """The one thing the controller lacks: the lab interfaces and their addresses."""
     table = {"enp1s0f0np0": ["10.77.0.12"], "enP2p1s0f0np0": ["10.77.1.12"]}
-    monkeypatch.setattr(rdma_facts, "_ipv4_addresses", lambda module, netdev: table.get(netdev, []))
+    monkeypatch.setattr(
+        rdma_facts, "_ipv4_addresses", lambda module, runner, netdev: table.get(netdev, [])
+    )
 
 
 @pytest.mark.parametrize(("first_index", "gid_index"), [(2, 3), (6, 7)])

@@ -8,6 +8,7 @@ from unittest import mock
 
 import pytest
 from ansible.module_utils import basic
+from ansible_collections.localinference.vllm.plugins.module_utils import _commands
 from ansible_collections.localinference.vllm.plugins.modules import vllm_log_facts
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
 
@@ -71,20 +72,20 @@ def test_content_and_check_mode():
 def test_unit_sources(args, argv_tail, stdout, stderr):
     calls = []
 
-    def fake_run(self, argv, environ_update=None, **kwargs):
-        calls.append((argv, environ_update))
+    def fake_run(argv, timeout, environ=None, hint=None):
+        calls.append((argv, timeout, environ))
         return 0, stdout, stderr
 
     with (
         mock.patch.object(
             basic.AnsibleModule, "get_bin_path", lambda self, name, **kw: f"/usr/bin/{name}"
         ),
-        mock.patch.object(basic.AnsibleModule, "run_command", fake_run),
+        mock.patch.object(_commands, "run_bounded", fake_run),
     ):
         result = run_module(vllm_log_facts, args)
-    ((argv, env),) = calls
+    ((argv, timeout, env),) = calls
     assert argv[1:] == argv_tail
-    assert env == {"LC_ALL": "C"}
+    assert env["LC_ALL"] == "C" and timeout == 60
     assert result.result["ansible_facts"]["vllm_log"]["scheduled_tokens"] == 8184
 
 
@@ -93,9 +94,7 @@ def test_unit_failure_names_the_unit():
         mock.patch.object(
             basic.AnsibleModule, "get_bin_path", lambda self, name, **kw: f"/usr/bin/{name}"
         ),
-        mock.patch.object(
-            basic.AnsibleModule, "run_command", lambda self, argv, **kw: (1, "", "No such unit")
-        ),
+        mock.patch.object(_commands, "run_bounded", lambda *a, **kw: (1, "", "No such unit")),
     ):
         result = run_module(vllm_log_facts, {"unit": "nope.service"})
     assert result.failed and "nope.service" in result.result["msg"]
@@ -108,6 +107,9 @@ def test_unit_failure_names_the_unit():
         ({"path": "/nonexistent/vllm.log"}, "path /nonexistent/vllm.log cannot be read"),
         ({"content": "x", "unit": "y"}, "mutually exclusive"),
         ({"content": "x", "kv_memory_gib": -1.0}, "kv_memory_gib must be positive"),
+        ({"content": "x", "kv_memory_gib": float("nan")}, "kv_memory_gib must be positive"),
+        ({"content": ""}, "the log is empty: content"),
+        ({"content": "\n  \n"}, "the log is empty: content"),
     ],
 )
 def test_bad_input(args, message):
