@@ -11,6 +11,8 @@ description:
   - Polls C(/health) and, once it answers 200, sends one streamed chat completion and waits
     for the first generated token (C(content), C(reasoning) or C(reasoning_content) delta).
     Ready means that first token, not only C(/health).
+  - The HTTP runs in a worker thread; the module itself only waits for it until O(timeout),
+    so no server behaviour (silence, keep-alives, a byte at a time) can hold it longer.
   - While waiting, watches the systemd units of the server; a unit that fails, exits or is
     restarted by systemd ends the wait at once (for example F12, a context larger than the
     KV cache), so a rollout can roll back instead of waiting for the timeout.
@@ -26,12 +28,19 @@ options:
     type: str
     required: true
   units:
-    description: systemd units whose failure ends the wait.
+    description:
+      - systemd units whose failure ends the wait.
+      - A unit systemd does not know (C(LoadState=not-found), a misspelled name) fails the module
+        at once instead of being watched by nobody.
     type: list
     elements: str
     default: []
   timeout:
-    description: Seconds to wait for the first token in total.
+    description:
+      - Seconds to wait for the first token in total, a deadline for everything the module does
+        (the C(/health) polls, the probe request and its stream, the C(systemctl show) calls).
+      - A server that accepts the connection and keeps the stream alive (SSE comments or
+        keep-alive bytes) without ever sending a token fails the probe at this deadline.
     type: int
     default: 600
   prompt:
@@ -77,39 +86,133 @@ unit_state:
   type: dict
 """
 
+import http.client
 import json
+import queue
+import threading
 import time
 import urllib.error
+from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
+from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+    CommandError,
+    Runner,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._ready import (
+    SseError,
+    SseReader,
     parse_show,
-    sse_token,
     unit_failed,
 )
 
 SHOW = ["-p", "ActiveState", "-p", "SubState", "-p", "NRestarts", "-p", "Result", "-p", "LoadState"]
+# How often the units are checked while the probe waits.
+UNIT_POLL = 2.0
+HEALTH_POLL = 2.0
+SYSTEMCTL_TIMEOUT = 30.0
+NET_ERRORS = (urllib.error.URLError, OSError, ValueError, http.client.HTTPException)
 
 
-def _units(module, units):
-    states = {}
-    for unit in units:
-        rc, out, _ = module.run_command(
-            ["systemctl", "show", *SHOW, unit], environ_update={"LC_ALL": "C"}
-        )
-        states[unit] = parse_show(out) if rc == 0 else {}
-    return states
-
-
-def _headers(api_key):
+def _headers(api_key: str | None) -> dict[str, str]:
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     return headers
 
 
-def main():
+def _probe(
+    base: str,
+    body: bytes,
+    api_key: str | None,
+    deadline: float,
+    events: queue.Queue,
+    stop: threading.Event,
+) -> None:
+    """Poll /health, then stream one completion; report each step on ``events``.
+
+    Runs in a daemon thread: the module waits on ``events`` until its deadline
+    and never on a socket, so a server that holds the stream open cannot hold it.
+    """
+
+    def remaining() -> float:
+        return max(0.1, deadline - time.monotonic())
+
+    try:
+        while not stop.is_set():
+            try:
+                with open_url(f"{base}/health", timeout=min(5.0, remaining())) as response:
+                    if response.status == 200:
+                        events.put(("health", time.monotonic()))
+                        break
+            except NET_ERRORS:
+                pass
+            stop.wait(min(HEALTH_POLL, remaining()))
+        if stop.is_set():
+            return
+        sent = time.monotonic()
+        reader = SseReader()
+        with open_url(
+            f"{base}/v1/chat/completions",
+            data=body,
+            headers=_headers(api_key),
+            method="POST",
+            timeout=remaining(),
+        ) as response:
+            events.put(("sent", (sent, reader)))
+            while not stop.is_set():
+                chunk = response.read1(65536)
+                if not chunk:
+                    events.put(("ended", reader.summary()))
+                    return
+                token = reader.feed(chunk)
+                if token:
+                    events.put(("token", (token, sent, time.monotonic())))
+                    return
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = exc.read(2000).decode("utf-8", "replace")[:500]
+        except NET_ERRORS:
+            detail = ""
+        events.put(("http", f"HTTP {exc.code}: {detail}"))
+    except SseError as exc:
+        events.put(("error", str(exc)))
+    except NET_ERRORS as exc:
+        events.put(("error", str(exc)))
+    except Exception as exc:  # a dead thread must never look like a slow server
+        events.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _check_params(module: AnsibleModule) -> None:
+    params = module.params
+    if not 0 < params["timeout"] <= 86400:
+        module.fail_json(
+            msg=f"timeout must be between 1 and 86400 seconds, got {params['timeout']}"
+        )
+    parts = urlsplit(params["url"])
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or any(not c.isprintable() or c.isspace() for c in params["url"])
+    ):
+        module.fail_json(
+            msg=f"url must be http(s)://host:port without spaces, got {params['url'][:200]!r}"
+        )
+    for unit in params["units"]:
+        if (
+            not unit
+            or unit.startswith("-")
+            or len(unit) > 256
+            or any(not c.isprintable() or c.isspace() for c in unit)
+        ):
+            module.fail_json(
+                msg=f"units: {unit[:80]!r} is not a systemd unit name (no leading '-', no spaces"
+                " or control characters, at most 256 characters)"
+            )
+
+
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "url": {"type": "str", "default": "http://127.0.0.1:8000"},
@@ -121,38 +224,39 @@ def main():
         },
         supports_check_mode=True,
     )
+    _check_params(module)
     params = module.params
     base = params["url"].rstrip("/")
     started = time.monotonic()
     deadline = started + params["timeout"]
-    baseline = {u: int(s.get("NRestarts") or 0) for u, s in _units(module, params["units"]).items()}
-    states = {}
+    runner = Runner(SYSTEMCTL_TIMEOUT)
+    systemctl = module.get_bin_path("systemctl") if params["units"] else None
+    if params["units"] and not systemctl:
+        module.fail_json(msg=f"units {params['units']} given but systemctl is not on this host")
+    states: dict[str, dict[str, str]] = {}
 
-    def check_units():
+    def read_units() -> dict[str, dict[str, str]]:
+        found = {}
+        for unit in params["units"]:
+            limit = max(1.0, min(SYSTEMCTL_TIMEOUT, deadline - time.monotonic() + 5))
+            try:
+                rc, out, _ = runner.run([systemctl, "show", *SHOW, unit], timeout=limit)
+            except CommandError as exc:
+                module.fail_json(msg=f"watching unit {unit}: {exc}", unit_state=states)
+            found[unit] = parse_show(out) if rc == 0 else {}
+        return found
+
+    baseline = {u: int(s.get("NRestarts") or 0) for u, s in read_units().items()}
+
+    def check_units() -> None:
         nonlocal states
-        states = _units(module, params["units"])
+        states = read_units()
         for unit, show in states.items():
             why = unit_failed(show, baseline.get(unit, 0))
             if why:
                 module.fail_json(msg=f"{unit}: {why} before the first token", unit_state=states)
 
-    health = None
-    while health is None:
-        check_units()
-        try:
-            with open_url(f"{base}/health", timeout=5) as response:
-                if response.status == 200:
-                    health = time.monotonic() - started
-                    break
-        except (urllib.error.URLError, OSError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            module.fail_json(
-                msg=f"{base}/health did not answer 200 within {params['timeout']} s",
-                unit_state=states,
-            )
-        time.sleep(2)
-
+    check_units()
     body = json.dumps(
         {
             "model": params["model"],
@@ -161,36 +265,65 @@ def main():
             "stream": True,
         }
     ).encode()
-    sent = time.monotonic()
+    events: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    worker = threading.Thread(
+        target=_probe,
+        args=(base, body, params["api_key"], deadline, events, stop),
+        name="serving_ready-probe",
+        daemon=True,
+    )
+    worker.start()
+    health: float | None = None
+    reader: SseReader | None = None
     try:
-        with open_url(
-            f"{base}/v1/chat/completions",
-            data=body,
-            headers=_headers(params["api_key"]),
-            method="POST",
-            timeout=max(5, deadline - time.monotonic()),
-        ) as response:
-            for raw in response:
-                token = sse_token(raw.decode("utf-8", "replace"))
-                if token:
-                    now = time.monotonic()
-                    module.exit_json(
-                        changed=False,
-                        health_seconds=round(health, 3),
-                        first_token_seconds=round(now - started, 3),
-                        request_first_token_seconds=round(now - sent, 3),
-                        first_token=token,
-                        unit_state=states,
-                    )
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode("utf-8", "replace")[:500]
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                kind, payload = events.get(timeout=min(UNIT_POLL, left))
+            except queue.Empty:
+                check_units()
+                continue
+            if kind == "health":
+                health = payload - started
+            elif kind == "sent":
+                reader = payload[1]
+            elif kind == "token":
+                token, sent, now = payload
+                module.exit_json(
+                    changed=False,
+                    health_seconds=round(health or 0.0, 3),
+                    first_token_seconds=round(now - started, 3),
+                    request_first_token_seconds=round(now - sent, 3),
+                    first_token=token,
+                    unit_state=states,
+                )
+            elif kind == "http":
+                module.fail_json(msg=f"the probe request failed with {payload}", unit_state=states)
+            elif kind == "error":
+                check_units()
+                module.fail_json(msg=f"the probe request failed: {payload}", unit_state=states)
+            else:
+                module.fail_json(
+                    msg=f"the stream ended without a generated token ({payload})",
+                    unit_state=states,
+                )
+    finally:
+        stop.set()
+    if health is None:
         module.fail_json(
-            msg=f"the probe request failed with HTTP {exc.code}: {detail}", unit_state=states
+            msg=f"{base}/health did not answer 200 within {params['timeout']} s",
+            unit_state=states,
         )
-    except (urllib.error.URLError, OSError) as exc:
-        check_units()
-        module.fail_json(msg=f"the probe request failed: {exc}", unit_state=states)
-    module.fail_json(msg="the stream ended without a generated token", unit_state=states)
+    what = reader.summary() if reader else "no response to the request"
+    module.fail_json(
+        msg=f"no generated token from {base}/v1/chat/completions within {params['timeout']} s"
+        f" (/health answered after {health:.1f} s; the stream sent {what}): the server accepts"
+        " requests but does not generate; check the engine log (vllm_log_facts)",
+        unit_state=states,
+    )
 
 
 if __name__ == "__main__":

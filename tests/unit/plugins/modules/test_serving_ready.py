@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from unittest import mock
 
 import pytest
+from ansible.module_utils import basic
 from ansible_collections.localinference.vllm.plugins.modules import serving_ready
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
 
@@ -41,6 +45,16 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        if self.mode in ("keep-alive", "drip"):
+            # Accept, keep the stream alive, never generate: until the client hangs up.
+            beat = b": keep-alive\n\n" if self.mode == "keep-alive" else b"d"
+            try:
+                while True:
+                    self.wfile.write(beat)
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                return
         chunks = STREAM if self.mode == "ok" else STREAM[:1]
         for chunk in chunks:
             self.wfile.write(f"data: {chunk}\n\n".encode())
@@ -81,3 +95,79 @@ def test_health_alone_is_not_ready(server, mode, message):
 def test_nothing_listening_times_out():
     out = run_module(serving_ready, {"url": "http://127.0.0.1:9", "model": "m", "timeout": 1})
     assert out.failed and "did not answer 200 within 1 s" in out.result["msg"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "seen"), [("keep-alive", "keep-alive comment"), ("drip", "bytes")]
+)
+def test_a_stream_kept_alive_without_a_token_fails_by_the_deadline(server, mode, seen):
+    """SSE comments (or a byte at a time) forever: the total deadline still ends the probe."""
+    Handler.mode = mode
+    deadline = 3
+    started = time.monotonic()
+    out = run_module(serving_ready, {"url": url(server), "model": "m", "timeout": deadline})
+    elapsed = time.monotonic() - started
+    print(f"{mode}: the probe failed after {elapsed:.2f} s (deadline {deadline} s)")
+    assert out.failed
+    assert (
+        f"no generated token from {url(server)}/v1/chat/completions within 3 s" in out.result["msg"]
+    )
+    assert seen in out.result["msg"]
+    assert elapsed < deadline + 5
+
+
+def _systemctl(tmp_path: Path, show: str) -> str:
+    script = tmp_path / "systemctl"
+    script.write_text(f"#!/bin/sh\nprintf '{show}'\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_misspelled_unit_is_not_watched_by_nobody(server, tmp_path):
+    systemctl = _systemctl(
+        tmp_path, "ActiveState=inactive\\nSubState=dead\\nLoadState=not-found\\n"
+    )
+    with mock.patch.object(basic.AnsibleModule, "get_bin_path", lambda self, name, **kw: systemctl):
+        out = run_module(
+            serving_ready,
+            {
+                "url": url(server),
+                "model": "m",
+                "timeout": 10,
+                "units": ["localinference-vlm.service"],
+            },
+        )
+    assert out.failed
+    assert out.result["msg"].startswith("localinference-vlm.service: unit cannot be watched")
+    assert "LoadState=not-found" in out.result["msg"]
+
+
+def test_a_wedged_systemctl_is_bounded(server, tmp_path):
+    script = tmp_path / "systemctl"
+    script.write_text("#!/bin/sh\nsleep 60\n")
+    script.chmod(0o755)
+    with (
+        mock.patch.object(
+            basic.AnsibleModule, "get_bin_path", lambda self, name, **kw: str(script)
+        ),
+        mock.patch.object(serving_ready, "SYSTEMCTL_TIMEOUT", 0.5),
+    ):
+        out = run_module(
+            serving_ready, {"url": url(server), "model": "m", "timeout": 1, "units": ["a.service"]}
+        )
+    assert out.failed and "watching unit a.service: systemctl did not answer" in out.result["msg"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"timeout": 0}, "timeout must be between 1 and 86400"),
+        ({"url": "ftp://x"}, "url must be http(s)://"),
+        ({"url": "http://a b"}, "url must be http(s)://"),
+        ({"units": ["--now"]}, "units: '--now' is not a systemd unit name"),
+        ({"units": ["a\nb"]}, "is not a systemd unit name"),
+    ],
+)
+def test_bad_input(args, message):
+    out = run_module(serving_ready, {"model": "m", **args})
+    assert out.failed and message in out.result["msg"]
