@@ -15,7 +15,7 @@ export LOCALINFERENCE_LAB_DIR := $(CURDIR)/.lab
 MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
-.PHONY: help bootstrap images lab lab-up lab-down lab-clean test test-unit lint sanity \
+.PHONY: help bootstrap system-packages images lab lab-up lab-down lab-clean test test-unit lint sanity \
         test-molecule test-lab build
 
 help:
@@ -25,6 +25,7 @@ help:
 	@echo "make test-lab   the lab tests (tests/lab) against a lab made by 'make lab'"
 
 $(BIN)/ansible-playbook: requirements.txt
+	bash lab/bin/system-packages
 	python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
@@ -35,7 +36,12 @@ $(COLLECTION):
 
 bootstrap: $(BIN)/ansible-playbook $(COLLECTION)
 
-images: bootstrap
+# Installs the missing Debian packages of lab/system-packages.txt (as root;
+# otherwise names them), the same list .ci/run uses.
+system-packages:
+	bash lab/bin/system-packages
+
+images: bootstrap system-packages
 	bash molecule/default/host-image.sh
 	bash lab/bin/lab-assets
 
