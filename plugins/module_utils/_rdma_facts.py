@@ -14,15 +14,43 @@ import ipaddress
 import re
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+    ValidationError,
+    text,
+)
+
 _ENUM = re.compile(r"^(?P<name>\S+)\s+\((?P<code>-?\d+)\)$")
 _GID_LINE = re.compile(
     r"^GID\[\s*(?P<index>\d{1,6})\]:\s*(?P<gid>[0-9A-Fa-f:.]+)(?:,\s*(?P<type>.+))?$"
 )
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+# IB_DEVICE_NAME_MAX is 64 with the terminating NUL.
+MAX_DEVICE_NAME = 63
 
 
 class RdmaParseError(ValueError):
     """The text is not ibv_devinfo/show_gids output."""
+
+
+def rdma_device_name(name: str, value: Any) -> str:
+    """An RDMA device (HCA) name, which becomes a sysfs path: as strict as an interface name.
+
+    Raises ``_validate.ValidationError`` naming ``name``.
+    """
+    value = text(name, value, max_length=256)
+    fix = "use the name 'ibv_devices' or 'rdma link' shows"
+    for index, char in enumerate(value):
+        if char in "/:" or char.isspace():
+            raise ValidationError(
+                name, f"contains {char!r} (no RDMA device name can) at position {index}", fix
+            )
+    if value in (".", ".."):
+        raise ValidationError(name, f"{value!r} is not an RDMA device name", fix)
+    if len(value.encode("utf-8")) > MAX_DEVICE_NAME:
+        raise ValidationError(
+            name, f"{value[:80]!r} is longer than {MAX_DEVICE_NAME} bytes (IB_DEVICE_NAME_MAX)", fix
+        )
+    return value
 
 
 def _mtu(value: str | None) -> int | None:

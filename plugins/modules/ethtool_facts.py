@@ -99,8 +99,8 @@ from ansible_collections.localinference.vllm.plugins.module_utils._ethtool_facts
     sysfs_int,
     sysfs_text,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._names import (
-    InvalidName,
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+    ValidationError,
     interface_name,
 )
 
@@ -132,8 +132,8 @@ def main() -> None:
         module.fail_json(msg="interfaces: give at least one interface name to read")
     try:
         for position, name in enumerate(module.params["interfaces"]):
-            interface_name(name, f"interfaces[{position}]")
-    except InvalidName as exc:
+            interface_name(f"interfaces[{position}]", name)
+    except ValidationError as exc:
         module.fail_json(msg=f"{exc}. Fix the interface name in the inventory.")
     runner = Runner(module.params["timeout"])
     try:

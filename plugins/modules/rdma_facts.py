@@ -116,16 +116,16 @@ from ansible_collections.localinference.vllm.plugins.module_utils._commands impo
     Runner,
     timeout_error,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._names import (
-    InvalidName,
-    interface_name,
-    rdma_device_name,
-)
 from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts import (
     RdmaParseError,
     gid_table,
     parse_ibv_devinfo,
+    rdma_device_name,
     roce_v2_ipv4_index,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+    ValidationError,
+    interface_name,
 )
 
 HINT = (
@@ -145,15 +145,15 @@ def _read(path: str) -> str | None:
 def _valid_netdev(name: str | None) -> str | None:
     """A netdev name read from sysfs, or None when it is no valid interface name."""
     try:
-        return interface_name(name, "netdev") if name else None
-    except InvalidName:
+        return interface_name("netdev", name) if name else None
+    except ValidationError:
         return None
 
 
 def _valid_hca(name: str) -> str | None:
     try:
-        return rdma_device_name(name, "devices")
-    except InvalidName:
+        return rdma_device_name("devices", name)
+    except ValidationError:
         return None
 
 
@@ -221,9 +221,9 @@ def main() -> None:
     if problem:
         module.fail_json(msg=problem)
     try:
-        for name in module.params["devices"]:
-            rdma_device_name(name, "devices")
-    except InvalidName as exc:
+        for position, name in enumerate(module.params["devices"]):
+            rdma_device_name(f"devices[{position}]", name)
+    except ValidationError as exc:
         module.fail_json(msg=str(exc))
     runner = Runner(module.params["timeout"])
     try:

@@ -12,8 +12,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts im
     normalize_gid_type,
     parse_ibv_devinfo,
     parse_show_gids,
+    rdma_device_name,
     roce_v2_ipv4_index,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import ValidationError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ibv_devinfo"
 
@@ -168,3 +170,26 @@ def test_roce_v2_index_from_sysfs_table(first, addresses, netdev, expected):
     table = gid_table(_sysfs(first))
     assert "6" not in table or first >= 5  # zero slots are dropped
     assert roce_v2_ipv4_index(table, addresses, netdev) == expected
+
+
+@pytest.mark.parametrize("name", ["rocep1s0f0", "roceP2p1s0f0", "mlx5_0", "m" * 63])
+def test_valid_rdma_device_names(name):
+    assert rdma_device_name("devices[0]", name) == name
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("", "devices[0]: is empty"),
+        ("..", "devices[0]: '..' is not an RDMA device name"),
+        ("../../etc", "devices[0]: contains '/'"),
+        ("mlx5 0", "devices[0]: contains ' '"),
+        ("mlx5_0\n", "devices[0]: contains '\\n'"),
+        ("m" * 64, "longer than 63 bytes"),
+        (["mlx5_0"], "expected text"),
+    ],
+)
+def test_invalid_rdma_device_names(name, message):
+    with pytest.raises(ValidationError) as caught:
+        rdma_device_name("devices[0]", name)
+    assert message in str(caught.value)
