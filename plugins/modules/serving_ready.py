@@ -106,6 +106,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils._ready import 
     parse_show,
     unit_failed,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+    ValidationError,
+    unit_name,
+)
 
 SHOW = ["-p", "ActiveState", "-p", "SubState", "-p", "NRestarts", "-p", "Result", "-p", "LoadState"]
 # How often the units are checked while the probe waits.
@@ -199,17 +203,11 @@ def _check_params(module: AnsibleModule) -> None:
         module.fail_json(
             msg=f"url must be http(s)://host:port without spaces, got {params['url'][:200]!r}"
         )
-    for unit in params["units"]:
-        if (
-            not unit
-            or unit.startswith("-")
-            or len(unit) > 256
-            or any(not c.isprintable() or c.isspace() for c in unit)
-        ):
-            module.fail_json(
-                msg=f"units: {unit[:80]!r} is not a systemd unit name (no leading '-', no spaces"
-                " or control characters, at most 256 characters)"
-            )
+    try:
+        for position, unit in enumerate(params["units"]):
+            unit_name(f"units[{position}]", unit)
+    except ValidationError as exc:
+        module.fail_json(msg=str(exc))
 
 
 def main() -> None:

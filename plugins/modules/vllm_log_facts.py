@@ -140,6 +140,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils._commands impo
     Runner,
     timeout_error,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+    ValidationError,
+    unit_name,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
     LogEmptyError,
     LogInputError,
@@ -251,11 +255,17 @@ def _check_params(module: AnsibleModule) -> None:
                 + (f" (contains {bad!r})" if bad is not None else "")
             )
     unit = params["unit"]
-    if unit is not None and (unit.startswith("-") or len(unit) > 256 or " " in unit):
-        module.fail_json(
-            msg=f"unit {unit[:80]!r} is not a unit or container name (no leading '-', no spaces,"
-            " at most 256 characters)"
-        )
+    try:
+        if unit is not None and params["source"] == "journal":
+            unit_name("unit", unit)
+        elif unit is not None and (unit.startswith("-") or " " in unit or len(unit) > 255):
+            raise ValidationError(
+                "unit",
+                f"{unit[:80]!r} is not a container name",
+                "no leading '-', no spaces, at most 255 characters ('podman ps -a' lists them)",
+            )
+    except ValidationError as exc:
+        module.fail_json(msg=str(exc))
 
 
 def main() -> None:

@@ -164,8 +164,9 @@ def test_a_wedged_systemctl_is_bounded(server, tmp_path):
         ({"timeout": 0}, "timeout must be between 1 and 86400"),
         ({"url": "ftp://x"}, "url must be http(s)://"),
         ({"url": "http://a b"}, "url must be http(s)://"),
-        ({"units": ["--now"]}, "units: '--now' is not a systemd unit name"),
-        ({"units": ["a\nb"]}, "is not a systemd unit name"),
+        ({"units": ["--now"]}, "units[0]: '--now' is not a systemd unit name"),
+        ({"units": ["a.service", "a\nb.service"]}, "units[1]: contains '\\n'"),
+        ({"units": ["localinference-vllm"]}, "units[0]: 'localinference-vllm' has no unit type"),
     ],
 )
 def test_bad_input(args, message):
