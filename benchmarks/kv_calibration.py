@@ -1,3 +1,4 @@
+# Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Calibrate the KV model on real vLLM and check one prediction against a third boot.
 
@@ -17,29 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-COLLECTIONS = ROOT / ".lab" / "collections"
-if str(COLLECTIONS) not in sys.path:
-    sys.path.insert(0, str(COLLECTIONS))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (
-    boot_memory,
-    fit_boots,
-    group_boots,
-    normalise_observations,
-    predict_concurrency,
-    predict_tokens,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
-    parse_log,
-    to_observations,
-)
+from lab import harness
 
+kv_model = harness.module_utils("_kv_model")
+vllm_log = harness.module_utils("_vllm_log")
+ROOT = harness.ROOT
 BOOT = ROOT / "lab" / "bin" / "vllm-boot"
 TINY_MODEL = ROOT / "lab" / "bin" / "tiny-model"
 SLIDING_WINDOW = 512
@@ -52,9 +41,7 @@ PREDICT = (2, 8192)
 
 def model_path(kind: str) -> Path:
     """The lab's tiny model, or its hybrid variant (made once next to it)."""
-    done = subprocess.run(
-        [str(TINY_MODEL)], capture_output=True, text=True, timeout=600, check=True
-    )
+    done = harness.run([TINY_MODEL], timeout=600)
     plain = Path(done.stdout.strip().splitlines()[-1])
     if kind == "plain":
         return plain
@@ -79,9 +66,7 @@ def boot(kv_gib: int, max_model_len: int, port: int, timeout: int, model: Path) 
     argv += ["--port", str(port), "--timeout", str(timeout), "--model", str(model)]
     argv += ["--", "--max-num-batched-tokens", str(BATCHED_TOKENS)]
     try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout + 60, check=False
-        )
+        done = harness.run(argv, timeout=timeout + 60, check=False)
         log_path = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
         if done.returncode != 0:
             tail = (
@@ -92,16 +77,14 @@ def boot(kv_gib: int, max_model_len: int, port: int, timeout: int, model: Path) 
             )
         return Path(log_path).read_text()
     finally:
-        subprocess.run(
-            [str(BOOT), "stop", "--port", str(port)], capture_output=True, timeout=60, check=False
-        )
+        harness.run([BOOT, "stop", "--port", str(port)], timeout=60, check=False)
 
 
 def observe(text: str, kv_gib: int, stamp: str) -> list[dict[str, Any]]:
-    parsed = parse_log(text)
+    parsed = vllm_log.parse_log(text)
     if parsed["kv_cache_tokens"] is None:
         raise RuntimeError(f"no KV cache size in the log of boot {stamp}: {parsed['errors']}")
-    return to_observations(
+    return vllm_log.to_observations(
         parsed, host="controller", recorded_at=stamp, kv_memory_gib=float(kv_gib)
     )
 
@@ -116,21 +99,23 @@ def run(
         name = f"cpu-calibration-{kind}-{kv_gib}g-{length}"
         logs[name] = boot(kv_gib, length, port, timeout, model)
         observations += observe(logs[name], kv_gib, name)
-    fit = fit_boots(group_boots(normalise_observations(observations)))
+    fit = kv_model.fit_boots(kv_model.group_boots(kv_model.normalise_observations(observations)))
     # what one boot alone (a = 0, uncalibrated) would have predicted
-    single = fit_boots(group_boots(normalise_observations(observations[:1])))
+    single = kv_model.fit_boots(
+        kv_model.group_boots(kv_model.normalise_observations(observations[:1]))
+    )
     kv_gib, length = PREDICT
-    predicted_tokens = predict_tokens(fit, float(kv_gib), length)
-    predicted_concurrency = predict_concurrency(fit, float(kv_gib), length)
+    predicted_tokens = kv_model.predict_tokens(fit, float(kv_gib), length)
+    predicted_concurrency = kv_model.predict_concurrency(fit, float(kv_gib), length)
     name = f"cpu-calibration-{kind}-{kv_gib}g-{length}"
     logs[name] = boot(kv_gib, length, port, timeout, model)
-    parsed = parse_log(logs[name])
+    parsed = vllm_log.parse_log(logs[name])
     reported = parsed["kv_cache_tokens"]
     if save_logs:
         save_logs.mkdir(parents=True, exist_ok=True)
         for key, text in logs.items():
             (save_logs / f"{key}.log").write_text(text)
-    boots = group_boots(normalise_observations(observations))
+    boots = kv_model.group_boots(kv_model.normalise_observations(observations))
     return {
         "model_kind": kind,
         "version": parsed["version"],
@@ -139,7 +124,7 @@ def run(
                 "kv_gib": b.memory_gib,
                 "max_model_len": b.max_model_len,
                 "kv_tokens": b.kv_tokens,
-                "memory": boot_memory(fit, b),
+                "memory": kv_model.boot_memory(fit, b),
             }
             for b in boots
         ],
@@ -156,7 +141,9 @@ def run(
             "max_model_len": parsed["concurrency_max_model_len"],
         },
         "relative_error": abs(predicted_tokens - reported) / reported,
-        "uncalibrated_relative_error": abs(predict_tokens(single, float(kv_gib), length) - reported)
+        "uncalibrated_relative_error": abs(
+            kv_model.predict_tokens(single, float(kv_gib), length) - reported
+        )
         / reported,
     }
 

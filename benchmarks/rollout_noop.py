@@ -15,8 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from pathlib import Path
 
-from _lab import ROOT, ansible_playbook, invocations, recap
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lab.harness import LAB_DIR, LabError, lab_up, run_playbook, unit_invocations
 
 FACTS_PLAY = """---
 - name: Plain fact gathering on the lab hosts
@@ -26,33 +29,43 @@ FACTS_PLAY = """---
 """
 
 
+def measure(playbook: str) -> int:
+    before = unit_invocations()
+    noop = run_playbook(playbook)
+    after = unit_invocations()
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=LAB_DIR, delete=True) as play:
+        play.write(FACTS_PLAY)
+        play.flush()
+        facts = run_playbook(play.name)
+
+    counters = noop.recap
+    changed = noop.changed()
+    failed = sum(host.get("failed", 0) + host.get("unreachable", 0) for host in counters.values())
+    restarts = sum(1 for host in before if before[host] != after[host])
+    print(
+        f"no-op {playbook}: {noop.seconds:.1f} s, rc={noop.rc}, changed={changed}, failed={failed}"
+    )
+    print(f"gather_facts play: {facts.seconds:.1f} s, rc={facts.rc}")
+    print(f"ratio no-op / gather_facts: {noop.seconds / facts.seconds:.2f}")
+    print(f"vLLM unit restarts: {restarts} (InvocationID before {before}, after {after})")
+    if noop.rc or changed or restarts:
+        print(noop.tail(), file=sys.stderr)
+        return 1
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--playbook", default="playbooks/site.yml")
     args = parser.parse_args()
-
-    before = invocations()
-    noop_s, noop = ansible_playbook(str(ROOT / args.playbook))
-    after = invocations()
-    with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=ROOT / ".lab", delete=True) as play:
-        play.write(FACTS_PLAY)
-        play.flush()
-        facts_s, facts = ansible_playbook(play.name)
-
-    counters = recap(noop.stdout)
-    changed = sum(host.get("changed", 0) for host in counters.values())
-    failed = sum(host.get("failed", 0) + host.get("unreachable", 0) for host in counters.values())
-    restarts = sum(1 for host in before if before[host] != after[host])
-    print(
-        f"no-op {args.playbook}: {noop_s:.1f} s, rc={noop.returncode}, changed={changed}, failed={failed}"
-    )
-    print(f"gather_facts play: {facts_s:.1f} s, rc={facts.returncode}")
-    print(f"ratio no-op / gather_facts: {noop_s / facts_s:.2f}")
-    print(f"vLLM unit restarts: {restarts} (InvocationID before {before}, after {after})")
-    if noop.returncode or changed or restarts:
-        print(noop.stdout[-3000:], file=sys.stderr)
+    if not lab_up():
+        print("needs the lab hosts spark-head and spark-worker running (make lab)", file=sys.stderr)
+        return 2
+    try:
+        return measure(args.playbook)
+    except LabError as err:
+        print(err, file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+# Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Calibrate the KV model on real vLLM (CPU build, tiny lab model) and check a prediction.
 
@@ -13,22 +14,14 @@ server it starts.
 from __future__ import annotations
 
 import importlib.util
-import shutil
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks" / "kv_calibration.py"
-VLLM = ROOT / ".lab" / "vllm-venv" / "bin" / "vllm"
+from lab.harness import ROOT
 
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.skipif(
-        not VLLM.exists() or shutil.which("curl") is None,
-        reason="needs the lab's CPU vLLM (.lab/vllm-venv, made by make bootstrap/lab) and curl",
-    ),
-]
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("controller_vllm")]
+
+BENCH = ROOT / "benchmarks" / "kv_calibration.py"
 
 
 def _benchmark():

@@ -15,70 +15,48 @@ design, caught by model_weights_verify_full=true).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-from pathlib import Path
+import time
+from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-PLAYBOOK = ROOT / "playbooks" / "weights.yml"
-INVENTORY = ROOT / "inventories" / "lab" / "hosts.yml"
-SNAPSHOT = "/srv/models/hub/models--localinference--tiny-deepseek/snapshots/5eed0c0ffee0000000000000000000000000000a"
-HEAD, WORKER = "spark-head", "spark-worker"
+from lab.harness import (
+    BIN,
+    HEAD,
+    HOSTS,
+    MODEL_SNAPSHOT,
+    ROOT,
+    WORKER,
+    exec_on,
+    podman,
+    run,
+    run_playbook,
+)
+
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_hosts")]
+
+SNAPSHOT = MODEL_SNAPSHOT
 VERIFY_TASK = "Compare this node's copy with the head's manifest"
 CREATE_TASK = "Record the head's snapshot in its manifest"
 REVERIFY_TASK = "Verify the copied files by hash"
 
 
-def _lab_running() -> bool:
-    if shutil.which("podman") is None:
-        return False
-    out = subprocess.run(
-        ["podman", "ps", "--format", "{{.Names}}"], capture_output=True, text=True, check=False
-    ).stdout.split()
-    return HEAD in out and WORKER in out
-
-
-pytestmark = [
-    pytest.mark.lab,
-    pytest.mark.skipif(not _lab_running(), reason="needs the lab hosts (make lab-up / make lab)"),
-]
-
-
-def podman_exec(host: str, *argv: str, check: bool = True) -> str:
-    return subprocess.run(
-        ["podman", "exec", host, *argv], capture_output=True, text=True, check=check, timeout=60
-    ).stdout
-
-
 def sha256(host: str, rel: str) -> str:
-    return podman_exec(host, "sha256sum", f"{SNAPSHOT}/{rel}").split()[0]
+    return exec_on(host, "sha256sum", f"{SNAPSHOT}/{rel}").stdout.split()[0]
 
 
 class Run:
-    """One ansible-playbook run, read through the json callback."""
+    """One playbooks/weights.yml run, read through the json callback."""
 
-    def __init__(self, *extra_vars: str) -> None:
-        env = dict(os.environ)
-        env.update(
-            ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-            ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-            ANSIBLE_NOCOLOR="1",
+    def __init__(self, **extra_vars: Any) -> None:
+        proc = run_playbook(
+            "weights.yml",
+            extra_vars=extra_vars or None,
+            env={"ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"},
+            timeout=900,
         )
-        argv = [
-            str(ROOT / ".venv" / "bin" / "ansible-playbook"),
-            "-i",
-            str(INVENTORY),
-            str(PLAYBOOK),
-        ]
-        for var in extra_vars:
-            argv += ["-e", var]
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900, check=False
-        )
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        assert proc.rc == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
         self.data = json.loads(proc.stdout[proc.stdout.index("{") :])
 
     def result(self, task: str, host: str) -> dict | None:
@@ -100,12 +78,12 @@ def converged():
     }
 
 
-def assert_quiet(run: Run) -> None:
-    for host in (HEAD, WORKER):
-        assert run.changed(host) == 0, f"{host} changed on a run over an unchanged snapshot"
-    assert run.result(CREATE_TASK, HEAD)["hashed"] == 0
-    assert run.result(VERIFY_TASK, WORKER)["hashed"] == 0
-    assert run.result(VERIFY_TASK, WORKER)["mismatched"] == []
+def assert_quiet(weights: Run) -> None:
+    for host in HOSTS:
+        assert weights.changed(host) == 0, f"{host} changed on a run over an unchanged snapshot"
+    assert weights.result(CREATE_TASK, HEAD)["hashed"] == 0
+    assert weights.result(VERIFY_TASK, WORKER)["hashed"] == 0
+    assert weights.result(VERIFY_TASK, WORKER)["mismatched"] == []
 
 
 def test_second_run_changes_nothing_and_hashes_nothing(converged):
@@ -114,10 +92,10 @@ def test_second_run_changes_nothing_and_hashes_nothing(converged):
 
 def test_faults_are_detected_and_repaired(converged):
     path = f"{SNAPSHOT}/model.safetensors"
-    podman_exec(WORKER, "truncate", "-s", "100", f"{SNAPSHOT}/tokenizer.json")
-    podman_exec(WORKER, "rm", "-f", f"{SNAPSHOT}/config.json")
+    exec_on(WORKER, "truncate", "-s", "100", f"{SNAPSHOT}/tokenizer.json")
+    exec_on(WORKER, "rm", "-f", f"{SNAPSHOT}/config.json")
     # one byte flipped in the middle of the tensor data; size and mtime kept
-    podman_exec(
+    exec_on(
         WORKER,
         "python3",
         "-c",
@@ -138,7 +116,7 @@ def test_faults_are_detected_and_repaired(converged):
         assert sha256(WORKER, rel) == converged[rel]
 
     # Full verification catches the flipped byte; the next run repairs it.
-    full = Run("model_weights_verify_full=true")
+    full = Run(model_weights_verify_full=True)
     mismatched = full.result(VERIFY_TASK, WORKER)["mismatched"]
     assert [m["path"] for m in mismatched] == ["model.safetensors"]
     assert mismatched[0]["reason"].startswith("sha256")
@@ -185,18 +163,19 @@ def stand_in_hub(tmp_path, converged):
     huggingface_hub from wheels downloaded on the controller (the air-gapped way).
     """
     wheels = tmp_path / "wheels"
-    fetched = subprocess.run(
+    head_python = exec_on(
+        HEAD, "python3", "-c", "import sys;print('%d.%d' % sys.version_info[:2])"
+    ).stdout.strip()
+    fetched = run(
         [
-            str(ROOT / ".venv" / "bin" / "pip"),
+            str(BIN / "pip"),
             "download",
             "-q",
             "--dest",
             str(wheels),
             "--only-binary=:all:",
             "--python-version",
-            podman_exec(
-                HEAD, "python3", "-c", "import sys;print('%d.%d' % sys.version_info[:2])"
-            ).strip(),
+            head_python,
             "--platform",
             "manylinux_2_28_x86_64",
             "--platform",
@@ -205,43 +184,35 @@ def stand_in_hub(tmp_path, converged):
             "manylinux2014_x86_64",
             "huggingface-hub==2.4.0",
         ],
-        capture_output=True,
-        text=True,
         timeout=300,
         check=False,
     )
     if fetched.returncode != 0:
         pytest.skip(f"cannot download huggingface_hub wheels for the head: {fetched.stderr[-500:]}")
-    podman_exec(HEAD, "mkdir", "-p", "/root/lab-hub/a/b/c/d")
-    subprocess.run(["podman", "cp", str(wheels), f"{HEAD}:/root/lab-hub/wheels"], check=True)
-    subprocess.run(
-        ["podman", "cp", str(STAND_IN), f"{HEAD}:/root/lab-hub/a/b/c/d/hub.py"], check=True
-    )
+    exec_on(HEAD, "mkdir", "-p", "/root/lab-hub/a/b/c/d")
+    podman("cp", str(wheels), f"{HEAD}:/root/lab-hub/wheels")
+    podman("cp", str(STAND_IN), f"{HEAD}:/root/lab-hub/a/b/c/d/hub.py")
+    # The hub runs for the whole test: started in the background, stopped below.
     server = subprocess.Popen(["podman", "exec", HEAD, "python3", "-c", SERVE])
     try:
         url = ""
         for _ in range(50):
-            probe = subprocess.run(
-                ["podman", "exec", HEAD, "cat", "/root/lab-hub/url"],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            probe = exec_on(HEAD, "cat", "/root/lab-hub/url", check=False)
             if probe.returncode == 0 and probe.stdout:
                 url = probe.stdout.strip()
                 break
-            subprocess.run(["sleep", "0.2"], check=True)
+            time.sleep(0.2)
         assert url, "the stand-in hub did not start in the head"
         yield url
     finally:
         # stopping `podman exec` does not stop the process inside the head
-        pid = podman_exec(HEAD, "cat", "/root/lab-hub/pid", check=False).strip()
+        pid = exec_on(HEAD, "cat", "/root/lab-hub/pid", check=False).stdout.strip()
         if pid.isdigit():
-            podman_exec(HEAD, "kill", pid, check=False)
+            exec_on(HEAD, "kill", pid, check=False)
         server.wait(timeout=30)
-        for host in (HEAD, WORKER):
-            podman_exec(host, "rm", "-rf", HUB_SNAPSHOT.rsplit("/snapshots/", 1)[0], check=False)
-        podman_exec(
+        for host in HOSTS:
+            exec_on(host, "rm", "-rf", HUB_SNAPSHOT.rsplit("/snapshots/", 1)[0], check=False)
+        exec_on(
             HEAD,
             "rm",
             "-rf",
@@ -253,14 +224,14 @@ def stand_in_hub(tmp_path, converged):
 
 
 def test_hub_source_downloads_on_the_head_and_distributes(stand_in_hub):
-    extra = [
-        "model_weights_source=hub",
-        f"model_weights_id={HUB_TEST_ID}",
-        f"model_weights_hub_endpoint={stand_in_hub}",
-        f"model_weights_hub_token={HUB_TOKEN}",
-        "model_weights_hub_pip_extra_args='--no-index --find-links /root/lab-hub/wheels'",
-    ]
-    first = Run(*extra)
+    extra = {
+        "model_weights_source": "hub",
+        "model_weights_id": HUB_TEST_ID,
+        "model_weights_hub_endpoint": stand_in_hub,
+        "model_weights_hub_token": HUB_TOKEN,
+        "model_weights_hub_pip_extra_args": "--no-index --find-links /root/lab-hub/wheels",
+    }
+    first = Run(**extra)
     assert HUB_TOKEN not in json.dumps(first.data)
     download = first.result(
         "Download the revision (space checked first, resumable; progress in the log on the head)",
@@ -269,12 +240,11 @@ def test_hub_source_downloads_on_the_head_and_distributes(stand_in_hub):
     assert download["changed"] is True
     assert first.result(CREATE_TASK, HEAD)["ok"] is True
     for rel in ("model.safetensors", "config.json"):
-        head_copy = podman_exec(HEAD, "readlink", "-f", f"{HUB_SNAPSHOT}/{rel}").strip()
+        head_copy = exec_on(HEAD, "readlink", "-f", f"{HUB_SNAPSHOT}/{rel}").stdout.strip()
         assert "/blobs/" in head_copy  # the hub cache layout vLLM reads offline
-        assert podman_exec(WORKER, "sha256sum", f"{HUB_SNAPSHOT}/{rel}").split()[0] == sha256(
-            HEAD, rel
-        )
-    again = Run(*extra)
-    for host in (HEAD, WORKER):
+        worker_copy = exec_on(WORKER, "sha256sum", f"{HUB_SNAPSHOT}/{rel}").stdout.split()[0]
+        assert worker_copy == sha256(HEAD, rel)
+    again = Run(**extra)
+    for host in HOSTS:
         assert again.changed(host) == 0
     assert again.result(VERIFY_TASK, WORKER)["hashed"] == 0

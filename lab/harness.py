@@ -1,0 +1,460 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one harness for the lab tests (tests/lab) and the benchmarks (benchmarks/).
+
+Everything that talks to the two-node lab goes through here: is the lab up,
+``podman exec`` on a host, ``ansible-playbook`` with the lab inventory, the
+PLAY RECAP, the endpoint and its first streamed token, and the lab's constants
+(hosts, cluster addresses, state paths, model). Every command runs with a
+timeout; one that runs over is killed with its whole process group and raises
+:class:`LabError` with the end of its output.
+
+Import it with the checkout on ``sys.path`` (``from lab import harness``);
+``module_utils(name)`` imports the collection's own ``plugins/module_utils``
+through ``.lab/collections``, as Ansible imports them.
+
+Environment:
+
+- ``LOCALINFERENCE_LAB_EXTRA_ARGS``: more ``ansible``/``ansible-playbook``
+  arguments (for example ``-i extra-inventory.yml``), split like a shell would.
+- ``LOCALINFERENCE_LAB_DIR``: the controller's lab directory (``make`` exports
+  it; default ``.lab`` in the checkout), where the serve role writes ``endpoint``.
+- ``LOCALINFERENCE_LAB_ENDPOINT``: the endpoint to use instead of that file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / ".venv" / "bin"
+ANSIBLE_CFG = ROOT / "ansible.cfg"
+INVENTORY = ROOT / "inventories" / "lab" / "hosts.yml"
+PLAYBOOKS = ROOT / "playbooks"
+COLLECTIONS = ROOT / ".lab" / "collections"
+LAB_DIR = Path(os.environ.get("LOCALINFERENCE_LAB_DIR") or ROOT / ".lab")
+ENDPOINT_FILE = LAB_DIR / "endpoint"
+EXTRA_ARGS = shlex.split(os.environ.get("LOCALINFERENCE_LAB_EXTRA_ARGS", ""))
+
+# The lab inventory (inventories/lab): two hosts, one cluster link.
+HEAD, WORKER = "spark-head", "spark-worker"
+HOSTS = (HEAD, WORKER)
+CLUSTER_IF = "enp1s0f0np0"
+CLUSTER_PROFILE = f"localinference-{CLUSTER_IF}"
+CLUSTER_PREFIX = 24
+CLUSTER_ADDRESSES = {HEAD: "10.77.0.11", WORKER: "10.77.0.12"}
+STANDINS = "/opt/localinference-standins"
+# What the lab serves (the tiny model, lab/tiny_model.py) and where.
+MODEL = "localinference/tiny-deepseek"
+MODEL_REVISION = "5eed0c0ffee0000000000000000000000000000a"
+MODEL_SNAPSHOT = "/srv/models/hub/models--localinference--tiny-deepseek/snapshots/" + MODEL_REVISION
+DEFAULT_ENDPOINT = "http://127.0.0.1:18000/v1"
+VLLM_UNIT = "localinference-vllm.service"
+# What the stages save on the nodes (issue 9: one saved result per stage).
+STATE_DIR = "/etc/localinference"
+SERVING_STATE = f"{STATE_DIR}/serving.json"
+PREFLIGHT_RESULT = f"{STATE_DIR}/preflight.json"
+FABRIC_RESULT = f"{STATE_DIR}/fabric.json"
+PLAN_RESULT = f"{STATE_DIR}/plan.json"
+
+# Bounds, in seconds. A rollout boots vLLM on two shared cores (1-3 minutes per
+# boot, a rollback boots twice); the bound only stops a hung run.
+COMMAND_TIMEOUT = 120
+PLAYBOOK_TIMEOUT = 1800
+
+if str(COLLECTIONS) not in sys.path:
+    sys.path.insert(0, str(COLLECTIONS))
+
+
+class LabError(RuntimeError):
+    """A lab command failed or ran over its timeout; the message says which and what it printed."""
+
+
+def module_utils(name: str) -> ModuleType:
+    """``plugins/module_utils/<name>.py`` of this checkout, imported as Ansible imports it."""
+    try:
+        return importlib.import_module(
+            f"ansible_collections.localinference.vllm.plugins.module_utils.{name}"
+        )
+    except ModuleNotFoundError as err:
+        raise LabError(
+            f"cannot import the collection's {name} through {COLLECTIONS} ({err}): "
+            "run make bootstrap (it links the checkout there)"
+        ) from None
+
+
+def _tail(text: str | bytes | None, chars: int = 2000) -> str:
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return (text or "").strip()[-chars:]
+
+
+def _output(stdout: str | bytes | None, stderr: str | bytes | None) -> str:
+    return "\n".join(part for part in (_tail(stdout), _tail(stderr)) if part) or "(no output)"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL, to the process group this harness started (and only it)."""
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run(
+    argv: Sequence[str | Path],
+    *,
+    timeout: float = COMMAND_TIMEOUT,
+    check: bool = True,
+    input: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path = ROOT,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in its own process group, bounded by ``timeout`` seconds.
+
+    ``check`` turns a non-zero exit into :class:`LabError` naming the command,
+    its exit code and the end of its output.
+    """
+    args = [str(arg) for arg in argv]
+    shown = shlex.join(args)
+    proc = subprocess.Popen(
+        args,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=dict(env) if env is not None else None,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a daemonised grandchild still holds the pipes
+            stdout, stderr = "", ""
+        raise LabError(
+            f"{shown} did not finish within {timeout:g} s and was stopped; "
+            f"last output:\n{_output(stdout, stderr)}"
+        ) from None
+    except BaseException:
+        # Ctrl-C or a failing test: do not leave a playbook running on the lab.
+        _kill_group(proc)
+        raise
+    done = subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+    if check and done.returncode != 0:
+        raise LabError(f"{shown} failed (rc={done.returncode}):\n{_output(stdout, stderr)}")
+    return done
+
+
+# --- the hosts ---------------------------------------------------------------
+
+
+def lab_up() -> bool:
+    """True when both lab hosts are running (``make lab-up`` / ``make lab``)."""
+    if shutil.which("podman") is None:
+        return False
+    try:
+        done = run(["podman", "ps", "--format", "{{.Names}}"], timeout=30, check=False)
+    except LabError:
+        return False
+    return done.returncode == 0 and set(HOSTS) <= set(done.stdout.split())
+
+
+def podman(
+    *args: str, check: bool = True, timeout: float = COMMAND_TIMEOUT, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``podman ARGS`` (pause, unpause, stop, start, cp, ...)."""
+    return run(["podman", *args], timeout=timeout, check=check, input=input)
+
+
+def exec_on(
+    host: str,
+    *argv: str,
+    check: bool = True,
+    timeout: float = COMMAND_TIMEOUT,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``podman exec HOST ARGV``; ``input`` is fed to the command's stdin."""
+    interactive = ["-i"] if input is not None else []
+    return podman("exec", *interactive, host, *argv, check=check, timeout=timeout, input=input)
+
+
+def read_text(host: str, path: str) -> str:
+    return exec_on(host, "cat", path).stdout
+
+
+def write_text(host: str, path: str, text: str) -> None:
+    exec_on(host, "sh", "-c", 'cat > "$1"', "sh", path, input=text)
+
+
+def read_json(host: str, path: str) -> Any:
+    """A JSON file on a host, e.g. ``read_json(HEAD, SERVING_STATE)``."""
+    text = read_text(host, path)
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise LabError(f"{host}:{path} is not JSON ({err}): {text[:300]}") from None
+
+
+def unit_invocations(unit: str = VLLM_UNIT) -> dict[str, str]:
+    """systemd InvocationID of ``unit`` on each host (a new one on every start)."""
+    return {
+        host: exec_on(
+            host, "systemctl", "show", "-p", "InvocationID", "--value", unit, check=False
+        ).stdout.strip()
+        for host in HOSTS
+    }
+
+
+# --- ansible -----------------------------------------------------------------
+
+
+def ansible_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with the checkout's ansible.cfg, the lab directory, no colour."""
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ANSIBLE_CFG), "ANSIBLE_NOCOLOR": "1"}
+    env.pop("ANSIBLE_FORCE_COLOR", None)
+    # The lab inventory finds .lab through it (make exports it; ad-hoc runs need it).
+    env.setdefault("LOCALINFERENCE_LAB_DIR", str(LAB_DIR))
+    env.update(overrides or {})
+    return env
+
+
+RECAP_LINE = re.compile(r"^(\S+)\s+:\s+(ok=\d+.*)$")
+
+
+def recap(stdout: str) -> dict[str, dict[str, int]]:
+    """The last PLAY RECAP's counters per host: ``{host: {"ok": 3, "changed": 0, ...}}``."""
+    lines = stdout.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("PLAY RECAP")]
+    hosts: dict[str, dict[str, int]] = {}
+    for line in lines[starts[-1] + 1 if starts else 0 :]:
+        match = RECAP_LINE.match(line)
+        if match:
+            hosts[match.group(1)] = {
+                key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", match.group(2))
+            }
+    return hosts
+
+
+@dataclass(frozen=True)
+class PlaybookRun:
+    """One finished ``ansible-playbook`` run."""
+
+    argv: list[str]
+    rc: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def flat(self) -> str:
+        """stdout on single spaces: the YAML callback wraps long messages."""
+        return " ".join(self.stdout.split())
+
+    @property
+    def recap(self) -> dict[str, dict[str, int]]:
+        return recap(self.stdout)
+
+    def changed(self) -> int:
+        """Changed tasks over all hosts of the last PLAY RECAP."""
+        return sum(counts.get("changed", 0) for counts in self.recap.values())
+
+    def tail(self, chars: int = 3000) -> str:
+        """The end of the output, for an assertion message."""
+        text = self.stdout[-chars:]
+        if self.stderr.strip():
+            text += "\n--- stderr ---\n" + self.stderr[-chars:]
+        return text
+
+
+def playbook_path(playbook: str | Path) -> Path:
+    """``site.yml`` means playbooks/site.yml; any other relative path is from the checkout."""
+    path = Path(playbook)
+    if path.is_absolute():
+        return path
+    if len(path.parts) == 1 and (PLAYBOOKS / path).exists():
+        return PLAYBOOKS / path
+    return ROOT / path
+
+
+def run_playbook(
+    playbook: str | Path,
+    *args: str,
+    tags: str | None = None,
+    extra_vars: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = PLAYBOOK_TIMEOUT,
+) -> PlaybookRun:
+    """``ansible-playbook -i <lab inventory> [EXTRA_ARGS] PLAYBOOK ARGS`` from the checkout.
+
+    ``extra_vars`` go through a JSON file (``-e @file``, typed, removed after
+    the run); ``env`` adds variables such as ``ANSIBLE_STDOUT_CALLBACK``.
+    A failing play is a result (``rc``), not an exception; a hung one raises
+    :class:`LabError` after ``timeout`` seconds.
+    """
+    argv = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), *EXTRA_ARGS]
+    argv += [str(playbook_path(playbook)), *args]
+    if tags:
+        argv += ["--tags", tags]
+    with tempfile.TemporaryDirectory(prefix="lab-vars-") as tmp:
+        if extra_vars is not None:
+            file = Path(tmp) / "extra-vars.json"
+            file.write_text(json.dumps(extra_vars))
+            argv += ["-e", f"@{file}"]
+        started = time.monotonic()
+        done = run(argv, timeout=timeout, check=False, env=ansible_env(env))
+    return PlaybookRun(argv, done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+
+def rollout(
+    recipe: Mapping[str, Any] | None = None,
+    *,
+    tags: str = "fabric,rollout",
+    extra_vars: Mapping[str, Any] | None = None,
+    timeout: float = PLAYBOOK_TIMEOUT,
+) -> PlaybookRun:
+    """site.yml limited to ``tags``; ``recipe`` replaces the inventory's ``vllm_recipe``.
+
+    The default tags include the fabric stage, which publishes the cluster
+    network environment the rollout starts vLLM with.
+    """
+    variables = dict(extra_vars or {})
+    if recipe is not None:
+        variables["vllm_recipe"] = dict(recipe)
+    return run_playbook("site.yml", tags=tags, extra_vars=variables or None, timeout=timeout)
+
+
+def inventory_var(name: str, host: str = HEAD) -> Any:
+    """A variable as the lab inventory gives it to ``host`` (templated)."""
+    done = run(
+        [
+            str(BIN / "ansible"),
+            host,
+            "-i",
+            str(INVENTORY),
+            *EXTRA_ARGS,
+            "-m",
+            "ansible.builtin.debug",
+            "-a",
+            f"var={name}",
+            "-o",
+        ],
+        timeout=COMMAND_TIMEOUT,
+        env=ansible_env(),
+    )
+    try:
+        value = json.loads(done.stdout.split("=>", 1)[1])[name]
+    except (IndexError, ValueError, KeyError):
+        raise LabError(f"cannot read {name} for {host}: {done.stdout[:300]}") from None
+    if isinstance(value, str) and value.startswith("VARIABLE IS NOT DEFINED"):
+        raise LabError(f"the lab inventory defines no {name} for {host}")
+    return value
+
+
+def inventory_recipe() -> dict[str, Any]:
+    recipe = inventory_var("vllm_recipe")
+    if not isinstance(recipe, dict):
+        raise LabError(f"the lab inventory's vllm_recipe is not a mapping: {recipe!r}")
+    return recipe
+
+
+# --- the endpoint ------------------------------------------------------------
+
+
+def endpoint() -> str:
+    """The OpenAI base URL (``.../v1``) of the lab's endpoint.
+
+    ``LOCALINFERENCE_LAB_ENDPOINT`` if set, else what the serve role wrote to
+    ``.lab/endpoint``, else the lab inventory's ``serve_endpoint_url``.
+    """
+    base = os.environ.get("LOCALINFERENCE_LAB_ENDPOINT", "").strip()
+    if not base and ENDPOINT_FILE.is_file():
+        base = ENDPOINT_FILE.read_text().strip()
+    base = (base or DEFAULT_ENDPOINT).rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
+def served_models(base: str | None = None, timeout: float = 10) -> list[dict[str, Any]]:
+    """``GET /v1/models``: the served models (vLLM adds ``max_model_len``)."""
+    with urllib.request.urlopen(f"{base or endpoint()}/models", timeout=timeout) as response:
+        return json.loads(response.read())["data"]
+
+
+def served_max_model_len(base: str | None = None, timeout: float = 10) -> int | None:
+    """The served ``max_model_len``, or None while nothing answers."""
+    try:
+        return served_models(base, timeout)[0]["max_model_len"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def _sse_token(line: str) -> dict[str, Any] | None:
+    """The collection's own first-token rule (serving_ready uses it too)."""
+    return module_utils("_ready").sse_token(line)
+
+
+def first_token(
+    base: str | None = None, model: str = MODEL, timeout: float = 60, prompt: str = "hi"
+) -> dict[str, Any]:
+    """Stream a chat completion and return its first generated token.
+
+    Returns ``{"key": "content"|"reasoning"|..., "text": ...}``; raises
+    :class:`LabError` when the stream ends without one or nothing answers.
+    """
+    url = f"{base or endpoint()}/chat/completions"
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 4,
+            "stream": True,
+        }
+    ).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    seen: list[str] = []
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            for raw in response:
+                line = raw.decode("utf-8", "replace")
+                token = _sse_token(line)
+                if token:
+                    return token
+                seen.append(line.strip())
+    except (urllib.error.URLError, OSError) as err:
+        raise LabError(f"no streamed token from {url}: {err}") from None
+    raise LabError(f"{url} streamed no generated token: {' | '.join(seen)[-1000:]}")
+
+
+def streams_a_token(base: str | None = None, model: str = MODEL, timeout: float = 30) -> bool:
+    """True once the endpoint streams a first token (for polling during a restart)."""
+    try:
+        first_token(base, model, timeout)
+    except (LabError, ValueError):
+        return False
+    return True

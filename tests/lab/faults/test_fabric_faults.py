@@ -1,0 +1,100 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Fabric stage against the real lab: NetworkManager, veth at MTU 9000, real
+jumbo pings; RDMA from the stand-ins (lab/standins).
+
+1. A clean run passes and a second run changes nothing (community.general.nmcli
+   MTU idempotence).
+2. F19: the worker's cluster MTU is set to 1500 behind the collection's back
+   (``ip link set``); the fabric run fails with "1472 passes while 8972 fails".
+   Afterwards the profile is re-activated and a run passes again.
+3. F20: the worker's RoCE v2 GID for its address moves from index 3 to 7; the
+   run passes and publishes NCCL_IB_GID_INDEX 7 for the worker, 3 for the head.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lab.harness import (
+    CLUSTER_ADDRESSES,
+    CLUSTER_IF,
+    CLUSTER_PROFILE,
+    HEAD,
+    HOSTS,
+    STANDINS,
+    WORKER,
+    PlaybookRun,
+    exec_on,
+    run_playbook,
+)
+
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_hosts")]
+
+F19 = "1472 passes while 8972 fails"
+
+
+def fabric() -> PlaybookRun:
+    return run_playbook("fabric.yml", timeout=600)
+
+
+def mtu(host: str) -> int:
+    return json.loads(exec_on(host, "ip", "-j", "link", "show", "dev", CLUSTER_IF).stdout)[0]["mtu"]
+
+
+def nmcli_field(host: str, field: str) -> str:
+    return exec_on(host, "nmcli", "-g", field, "connection", "show", CLUSTER_PROFILE).stdout.strip()
+
+
+def test_clean_run_is_idempotent():
+    first = fabric()
+    assert first.rc == 0, first.tail()
+    second = fabric()
+    assert second.rc == 0, second.tail()
+    counts = second.recap
+    assert counts[HEAD]["changed"] == 0 and counts[WORKER]["changed"] == 0, second.tail()
+    # seen from outside: NetworkManager owns the link at MTU 9000 on both ends
+    for host in HOSTS:
+        assert nmcli_field(host, "802-3-ethernet.mtu") == "9000"
+        assert nmcli_field(host, "ipv4.never-default") == "yes"
+        assert mtu(host) == 9000
+
+
+def test_f19_mtu_changed_behind_the_collections_back():
+    exec_on(WORKER, "ip", "link", "set", "dev", CLUSTER_IF, "mtu", "1500")
+    try:
+        result = fabric()
+        assert result.rc != 0
+        assert F19 in result.stdout, result.tail()
+        assert "running MTU 1500, expected 9000" in result.stdout
+        # the role reported the drift and did not hide it by re-applying
+        assert mtu(WORKER) == 1500
+    finally:
+        exec_on(WORKER, "nmcli", "connection", "up", CLUSTER_PROFILE)
+    assert mtu(WORKER) == 9000
+    again = fabric()
+    assert again.rc == 0, again.tail()
+
+
+def test_f20_gid_index_differs_per_node():
+    tree = [
+        f"{STANDINS}/bin/make-rdma-sysfs",
+        "--root",
+        f"{STANDINS}/sys",
+        "--port",
+        f"rocep1s0f0={CLUSTER_IF}={CLUSTER_ADDRESSES[WORKER]}",
+        "--port",
+        "roceP2p1s0f0=enP2p1s0f0np0",
+    ]
+    exec_on(WORKER, *tree, "--ipv4-first-index", "6")
+    try:
+        result = fabric()
+        assert result.rc == 0, result.tail()
+        env_lines = result.stdout.replace("''", "'").replace("\n        ", " ")
+        assert f"spark-worker: {{'VLLM_HOST_IP': '{CLUSTER_ADDRESSES[WORKER]}'" in env_lines
+        assert "'NCCL_IB_GID_INDEX': '7'" in env_lines.split("spark-worker: {")[1].split("}")[0]
+        assert "'NCCL_IB_GID_INDEX': '3'" in env_lines.split("spark-head: {")[1].split("}")[0]
+    finally:
+        exec_on(WORKER, *tree)

@@ -1,0 +1,135 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Rollout faults against the real lab (make lab first): vLLM CPU, TP=2 over mp, Quadlet.
+
+1. A max_model_len larger than the KV cache (F12) fails the start; the rollout
+   rolls back to the previous recipe and quotes vLLM's estimated maximum model
+   length; the endpoint keeps serving the previous recipe.
+2. An edited reconciled state file (F10) is caught by verify, with the difference.
+3. A stopped worker aborts the rollout before the head is touched.
+
+Each rollout boots vLLM for real (about 1-3 minutes on two shared cores).
+LOCALINFERENCE_LAB_EXTRA_ARGS adds ansible-playbook arguments (for example
+``-i extra-inventory.yml``) when the lab inventory needs them (lab/harness.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from lab.harness import (
+    HEAD,
+    SERVING_STATE,
+    WORKER,
+    exec_on,
+    first_token,
+    inventory_recipe,
+    podman,
+    read_json,
+    read_text,
+    rollout,
+    served_max_model_len,
+    write_text,
+)
+
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_hosts")]
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    recipe = inventory_recipe()
+    proc = rollout()
+    assert proc.rc == 0, proc.tail()
+    first_token()
+    served = served_max_model_len()
+    assert served, "the endpoint reports no max_model_len after a green rollout"
+    return {
+        "recipe": recipe,
+        "hash": read_json(HEAD, SERVING_STATE)["recipe_hash"],
+        "max_model_len": served,
+    }
+
+
+def too_large(baseline) -> dict:
+    recipe = dict(baseline["recipe"])
+    env = {k: v for k, v in recipe.get("env", {}).items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    # 4 MiB of KV per rank holds 16,384 tokens of the tiny model at TP=2: too few for 32,768.
+    recipe.update({"max_model_len": 32768, "kv_cache_memory_bytes": 4 * 1024 * 1024, "env": env})
+    return recipe
+
+
+def test_too_large_max_model_len_is_refused_by_the_plan_before_any_boot(baseline):
+    invocations = unit_invocations()
+    proc = rollout(too_large(baseline), tags="rollout")
+    assert proc.rc != 0
+    assert "The plan refuses vllm_recipe: F12" in proc.flat, proc.tail()
+    assert "No node was changed" in proc.flat
+    assert unit_invocations() == invocations
+    assert read_json(HEAD, SERVING_STATE)["recipe_hash"] == baseline["hash"]
+
+
+def test_a_start_the_plan_did_not_foresee_rolls_back_quoting_the_estimate(baseline):
+    """A plan made from evidence that no longer holds (an explicit serve_plan that says the
+    recipe fits): vLLM refuses the start, the rollout rolls back and quotes vLLM's estimate."""
+    recipe = too_large(baseline)
+    stale_plan = {
+        "recipe_hash": module_utils("_stage_result").inputs_hash(recipe),
+        "max_model_len": 32768,
+        "served_max_model_len": 32768,
+        "violations": [],
+        "feasible": True,
+    }
+    proc = rollout(recipe, extra_vars={"serve_plan": stale_plan})
+    out = proc.flat
+    assert proc.rc != 0, out[-3000:]
+    match = re.search(r"vLLM's estimated maximum model length is\s+(\d+)", out)
+    assert match, out[-3000:]
+    assert 0 < int(match.group(1)) < 32768
+    assert "Rolled back: the endpoint serves the previous recipe" in out
+    assert read_json(HEAD, SERVING_STATE)["recipe_hash"] == baseline["hash"]
+    assert read_json(WORKER, SERVING_STATE)["recipe_hash"] == baseline["hash"]
+    assert served_max_model_len() == baseline["max_model_len"]
+    first_token()
+
+
+def test_edited_state_file_is_caught_by_verify(baseline):
+    original = read_text(WORKER, SERVING_STATE)
+    edited = json.loads(original)
+    edited["recipe"]["max_model_len"] = 8192
+    write_text(WORKER, SERVING_STATE, json.dumps(edited, indent=2))
+    try:
+        proc = rollout(tags="fabric,verify")
+        assert proc.rc != 0
+        assert "F10" in proc.flat
+        assert "recipe.max_model_len: node has 8192, inventory asks" in proc.flat
+    finally:
+        write_text(WORKER, SERVING_STATE, original)
+    again = rollout(tags="fabric,verify")
+    assert again.rc == 0, again.tail()
+
+
+def test_stopped_worker_aborts_before_the_head(baseline):
+    head_before = read_text(HEAD, SERVING_STATE)
+    podman("stop", "--time", "20", WORKER)
+    try:
+        recipe = {**baseline["recipe"], "max_num_seqs": 8}
+        proc = rollout(recipe)
+        assert proc.rc != 0
+        assert "UNREACHABLE" in proc.flat or "did not pass staging" in proc.flat
+        assert "Apply | rm" not in proc.flat  # the play stopped before any rm/update
+        assert read_text(HEAD, SERVING_STATE) == head_before
+    finally:
+        podman("start", WORKER)
+        for _ in range(60):
+            state = exec_on(WORKER, "systemctl", "is-system-running", check=False).stdout.strip()
+            if state in ("running", "degraded"):
+                break
+            time.sleep(2)
+    # The inventory's recipe again: the worker's rank is back, so the cluster restarts if needed.
+    proc = rollout()
+    assert proc.rc == 0, proc.tail()
+    first_token()
