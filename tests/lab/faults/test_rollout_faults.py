@@ -2,9 +2,11 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Rollout faults against the real lab (make lab first): vLLM CPU, TP=2 over mp, Quadlet.
 
-1. A max_model_len larger than the KV cache (F12) fails the start; the rollout
-   rolls back to the previous recipe and quotes vLLM's estimated maximum model
-   length; the endpoint keeps serving the previous recipe.
+1. A max_model_len larger than the KV cache (F12) is refused by the plan before
+   any node is touched; with a stale plan that says it fits, vLLM refuses the
+   start, the rollout rolls back to the previous recipe and quotes vLLM's
+   estimated maximum model length; the endpoint keeps serving the previous
+   recipe.
 2. An edited reconciled state file (F10) is caught by verify, with the difference.
 3. A stopped worker aborts the rollout before the head is touched.
 
@@ -28,11 +30,13 @@ from lab.harness import (
     exec_on,
     first_token,
     inventory_recipe,
+    module_utils,
     podman,
     read_json,
     read_text,
     rollout,
     served_max_model_len,
+    unit_invocations,
     write_text,
 )
 
