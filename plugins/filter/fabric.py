@@ -1,0 +1,101 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters of the fabric stage; the judgement lives in module_utils/_fabric.py.
+
+They run on the controller over facts already gathered: no extra round trip.
+
+- ``fabric_config``: the role's variables, typed and checked (errors name the variable).
+- ``fabric_ping_targets``: ``{ifname, peer, peer_address, size}`` for every ping this node sends.
+- ``fabric_drift``: running state against the profile -> ``{drift, activate, findings}``.
+- ``fabric_findings``: this node's findings (drift, link, speed, MTU, F19, RDMA, F20).
+- ``fabric_publish``: ``{inputs, result}`` for ``localinference.vllm.stage_result`` (stage fabric).
+- ``fabric_report``: every node's findings as one table (a list of lines).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.localinference.vllm.plugins.module_utils import _fabric
+
+
+def _judgement(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn an input error into a filter error naming the variable, never a traceback."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except _fabric.FabricInputError as exc:
+            raise AnsibleFilterError(f"{func.__name__}: {exc}") from None
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise AnsibleFilterError(
+                f"{func.__name__}: unexpected input ({type(exc).__name__}: {exc}); pass the facts"
+                " of ethtool_facts/rdma_facts and the registered results as the role does"
+            ) from None
+
+    return wrapper
+
+
+@_judgement
+def fabric_config(settings: dict[str, Any]) -> dict[str, Any]:
+    return _fabric.config(settings)
+
+
+@_judgement
+def fabric_ping_targets(
+    peers: dict[str, Any], host: str, settings: dict[str, Any]
+) -> list[dict[str, Any]]:
+    return _fabric.ping_targets(_fabric.config(settings), host, peers)
+
+
+@_judgement
+def fabric_drift(
+    running: list[dict[str, Any]],
+    profiles: list[dict[str, Any]],
+    settings: dict[str, Any],
+    host: str,
+) -> dict[str, Any]:
+    return _fabric.drift(_fabric.config(settings), host, running, profiles)
+
+
+@_judgement
+def fabric_findings(
+    settings: dict[str, Any],
+    host: str,
+    ethtool: dict[str, Any],
+    rdma: dict[str, Any],
+    pings: list[dict[str, Any]] | None = None,
+    drift: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    return _fabric.findings(_fabric.config(settings), host, ethtool, rdma, pings or [], drift)
+
+
+@_judgement
+def fabric_publish(
+    settings: dict[str, Any],
+    ethtool: dict[str, Any],
+    rdma: dict[str, Any],
+    findings: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    return _fabric.publish(_fabric.config(settings), ethtool, rdma, findings or [])
+
+
+@_judgement
+def fabric_report(findings: list[dict[str, Any]]) -> list[str]:
+    return _fabric.report(findings)
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "fabric_config": fabric_config,
+            "fabric_ping_targets": fabric_ping_targets,
+            "fabric_drift": fabric_drift,
+            "fabric_findings": fabric_findings,
+            "fabric_publish": fabric_publish,
+            "fabric_report": fabric_report,
+        }
