@@ -18,48 +18,29 @@ No AnsibleModule here: this file is unit-tested on its own.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
 import stat as stat_mod
-import struct
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils._safetensors import (  # noqa: F401 (re-exported)
+    MAX_SAFETENSORS_HEADER,
+    SAFETENSORS_DTYPE_BYTES,
+    read_safetensors_summary,
+    safetensors_header_check,
+)
+
 MANIFEST_FORMAT = "localinference.vllm/weights-manifest-v1"
 MANIFEST_DIR = "localinference-manifests"
 CHUNK_BYTES = 1024 * 1024  # fits in L2: measured faster than 4 MiB
-# safetensors' own reader refuses headers above 100 MB.
-MAX_SAFETENSORS_HEADER = 100_000_000
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-
-# Bytes per element for every dtype the safetensors format defines.
-SAFETENSORS_DTYPE_BYTES: dict[str, float] = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E5M2": 1,
-    "F8_E4M3": 1,
-    "F8_E8M0": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-    "C64": 8,
-    "F4": 0.5,
-    "F6_E2M3": 0.75,
-    "F6_E3M2": 0.75,
-}
 
 
 class ManifestError(Exception):
@@ -112,86 +93,6 @@ class Outcome:
         return not self.mismatched
 
 
-# --- safetensors -------------------------------------------------------------
-
-
-def safetensors_header_check(
-    header_prefix: bytes, header: bytes | None, file_size: int
-) -> dict[str, int]:
-    """Check a safetensors header against the file size; return a short summary.
-
-    ``header_prefix`` is the file's first 8 bytes, ``header`` the JSON header
-    that follows (``None`` when the caller could not read it all).  Raises
-    ``ValueError`` with a one-line reason when the file cannot be a complete,
-    well-formed safetensors file: the data section must be covered exactly, as
-    the format requires, so a truncated copy always fails here.
-    """
-    if len(header_prefix) < 8 or file_size < 8:
-        raise ValueError(
-            f"safetensors file too short for its 8-byte header length ({file_size} bytes)"
-        )
-    (header_len,) = struct.unpack("<Q", header_prefix[:8])
-    if header_len > MAX_SAFETENSORS_HEADER:
-        raise ValueError(f"safetensors header length {header_len} exceeds {MAX_SAFETENSORS_HEADER}")
-    if 8 + header_len > file_size:
-        raise ValueError(
-            f"safetensors header length {header_len} runs past the end of the file ({file_size} bytes)"
-        )
-    if header is None or len(header) != header_len:
-        raise ValueError("safetensors header could not be read in full")
-    try:
-        parsed = json.loads(header.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"safetensors header is not valid JSON: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise ValueError("safetensors header is not a JSON object")
-    data_len = file_size - 8 - header_len
-    spans: list[tuple[int, int, str]] = []
-    for name, info in parsed.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(info, dict):
-            raise ValueError(f"safetensors tensor {name!r}: entry is not an object")
-        dtype = info.get("dtype")
-        shape = info.get("shape")
-        offsets = info.get("data_offsets")
-        if dtype not in SAFETENSORS_DTYPE_BYTES:
-            raise ValueError(f"safetensors tensor {name!r}: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise ValueError(f"safetensors tensor {name!r}: bad shape {shape!r}")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(o, int) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1]
-        ):
-            raise ValueError(f"safetensors tensor {name!r}: bad data_offsets {offsets!r}")
-        elements = 1
-        for dim in shape:
-            elements *= dim
-        expected = elements * SAFETENSORS_DTYPE_BYTES[dtype]
-        if offsets[1] - offsets[0] != expected:
-            raise ValueError(
-                f"safetensors tensor {name!r}: {offsets[1] - offsets[0]} bytes for "
-                f"{dtype}{shape} (expected {expected:g})"
-            )
-        spans.append((offsets[0], offsets[1], name))
-    spans.sort()
-    cursor = 0
-    for begin, end, name in spans:
-        if begin != cursor:
-            raise ValueError(
-                f"safetensors tensor {name!r} starts at {begin}, expected {cursor} (hole or overlap)"
-            )
-        cursor = end
-    if cursor != data_len:
-        raise ValueError(
-            f"safetensors data section is {data_len} bytes but the tensors cover {cursor}"
-            + (" (file truncated?)" if data_len < cursor else "")
-        )
-    return {"tensors": len(spans), "header_bytes": header_len}
-
-
 # --- hashing -----------------------------------------------------------------
 
 
@@ -232,19 +133,6 @@ def hash_file(path: str, chunk_bytes: int = CHUNK_BYTES, drop_cache: bool = Fals
     return result
 
 
-def read_safetensors_summary(path: str) -> dict[str, int]:
-    """Read a safetensors file's header only and check it (raises ValueError)."""
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        prefix = handle.read(8)
-        header = None
-        if len(prefix) == 8:
-            (header_len,) = struct.unpack("<Q", prefix)
-            if 8 + header_len <= size and header_len <= MAX_SAFETENSORS_HEADER:
-                header = handle.read(header_len)
-    return safetensors_header_check(prefix, header, size)
-
-
 def default_workers(file_count: int) -> int:
     return max(1, min(file_count, os.cpu_count() or 1, 16))
 
@@ -283,29 +171,99 @@ def hash_many(
 # --- listing and manifest files ------------------------------------------------
 
 
-def list_files(root: str) -> dict[str, os.stat_result]:
-    """Regular files under ``root`` (symlinks followed, as vLLM reads them), by relative path.
+# A snapshot has tens to thousands of files; more entries than this (or deeper
+# nesting) means links that fan out, not a model.
+MAX_ENTRIES = 1_000_000
+MAX_DEPTH = 64
+
+
+@dataclass
+class Listing:
+    """Regular files of a snapshot, and the entries that cannot be read as files."""
+
+    files: dict[str, os.stat_result] = field(default_factory=dict)
+    # relative path -> why it is broken (dangling link, link loop, unreadable)
+    broken: dict[str, str] = field(default_factory=dict)
+
+
+def broken_reason(path: str, error: OSError) -> str:
+    """Why ``path`` cannot be read, in words (a dangling link is a shard never downloaded)."""
+    if os.path.islink(path):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        if error.errno == errno.ELOOP:
+            return f"symlink loop: {target} leads back to itself"
+        if error.errno == errno.ENOENT:
+            return (
+                f"dangling symlink to {target}: the file it points to does not exist"
+                " (a shard never downloaded, or a blob deleted)"
+            )
+        return f"symlink to {target} cannot be read: {error.strerror or error}"
+    return f"unreadable: {error.strerror or error}"
+
+
+def scan(root: str) -> Listing:
+    """Walk ``root`` following symlinks (as vLLM reads them); never loop, never skip silently.
 
     Hidden entries are skipped: rsync's in-flight temporary files start with a
-    dot, and so do editor and download leftovers.
+    dot, and so do editor and download leftovers.  A dangling link or a link
+    loop is reported once in ``broken``; a directory link that leads back to a
+    directory above it is a loop and is not entered.
     """
     if not os.path.isdir(root):
         raise ManifestError(f"{root} is not a directory")
-    found: dict[str, os.stat_result] = {}
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in filenames:
-            if name.startswith("."):
+    listing = Listing()
+    counted = 0
+
+    def walk(directory: str, rel: str, ancestors: dict[tuple[int, int], str]) -> None:
+        nonlocal counted
+        try:
+            with os.scandir(directory) as handle:
+                entries = sorted(handle, key=lambda entry: entry.name)
+        except OSError as exc:
+            listing.broken[rel or "."] = f"directory unreadable: {exc.strerror or exc}"
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
                 continue
-            full = os.path.join(dirpath, name)
+            counted += 1
+            if counted > MAX_ENTRIES:
+                raise ManifestError(
+                    f"{root} has more than {MAX_ENTRIES} entries (directory links that fan out?)"
+                )
+            entry_rel = f"{rel}/{entry.name}" if rel else entry.name
             try:
-                stat = os.stat(full)
-            except OSError:
-                continue  # a dangling symlink is reported as missing by verify
-            if not _is_regular(stat):
+                stat = os.stat(entry.path)
+            except OSError as exc:
+                listing.broken[entry_rel] = broken_reason(entry.path, exc)
                 continue
-            found[os.path.relpath(full, root)] = stat
-    return found
+            if stat_mod.S_ISDIR(stat.st_mode):
+                key = (stat.st_dev, stat.st_ino)
+                if key in ancestors:
+                    above = ancestors[key] or "the snapshot root"
+                    listing.broken[entry_rel] = (
+                        f"symlink loop: leads back to {above}, which contains it"
+                    )
+                elif len(ancestors) > MAX_DEPTH:
+                    listing.broken[entry_rel] = f"nested more than {MAX_DEPTH} directories deep"
+                else:
+                    walk(entry.path, entry_rel, {**ancestors, key: entry_rel})
+            elif _is_regular(stat):
+                listing.files[entry_rel] = stat
+
+    top = os.stat(root)
+    walk(root, "", {(top.st_dev, top.st_ino): ""})
+    return listing
+
+
+def list_files(root: str) -> dict[str, os.stat_result]:
+    """Regular files under ``root`` (symlinks followed, as vLLM reads them), by relative path.
+
+    Broken entries are left out here; :func:`scan` reports them.
+    """
+    return scan(root).files
 
 
 def _is_regular(stat: os.stat_result) -> bool:
@@ -326,7 +284,7 @@ def load_manifest(path: str) -> dict[str, Any]:
             data = json.load(handle)
     except FileNotFoundError:
         raise ManifestError(f"manifest {path} does not exist") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ManifestError(f"manifest {path} cannot be read: {exc}") from None
     return validate_manifest(data, path)
 
@@ -337,19 +295,42 @@ def validate_manifest(data: Any, origin: str = "manifest") -> dict[str, Any]:
     files = data.get("files")
     if not isinstance(files, list):
         raise ManifestError(f"{origin} has no 'files' list")
-    for entry in files:
+    seen: set[str] = set()
+    for position, entry in enumerate(files):
         if (
             not isinstance(entry, dict)
             or not isinstance(entry.get("path"), str)
-            or not isinstance(entry.get("size"), int)
-            or not isinstance(entry.get("mtime_ns"), int)
-            or not SHA256_HEX.match(str(entry.get("sha256", "")))
+            or not _count(entry.get("size"))
+            or not _count(entry.get("mtime_ns"))
+            or not isinstance(entry.get("sha256"), str)
+            or not SHA256_HEX.match(entry["sha256"])
         ):
-            raise ManifestError(f"{origin} has a malformed file entry: {entry!r}")
+            raise ManifestError(
+                f"{origin} has a malformed file entry files[{position}]: {_shown(entry)}"
+                " (needs path, size and mtime_ns as non-negative integers, sha256 as 64 hex digits)"
+            )
         rel = entry["path"]
-        if rel.startswith("/") or ".." in rel.split("/"):
-            raise ManifestError(f"{origin} has an unsafe path: {rel!r}")
+        if (
+            not rel
+            or rel.startswith("/")
+            or os.path.normpath(rel) != rel
+            or ".." in rel.split("/")
+            or any(not char.isprintable() for char in rel)
+        ):
+            raise ManifestError(f"{origin} has an unsafe path in files[{position}]: {rel[:200]!r}")
+        if rel in seen:
+            raise ManifestError(f"{origin} lists {rel!r} twice (files[{position}])")
+        seen.add(rel)
     return data
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def manifest_document(
@@ -429,10 +410,15 @@ def create(
 
     A file the previous manifest lists that is now missing, or whose content
     changed while its size and mtime did not, is reported as mismatched: the
-    caller must not bless a damaged snapshot by rewriting its manifest.
+    caller must not bless a damaged snapshot by rewriting its manifest.  So is
+    a dangling link (a shard never downloaded) or a link loop: a manifest of an
+    incomplete snapshot would approve it on every node.
     """
     outcome = Outcome()
-    on_disk = list_files(root)
+    listing = scan(root)
+    on_disk = listing.files
+    for rel, reason in sorted(listing.broken.items()):
+        outcome.mismatched.append({"path": rel, "reason": reason})
     known = {e["path"]: e for e in (previous or {}).get("files", [])}
     to_hash: list[str] = []
     for rel, stat in sorted(on_disk.items()):
@@ -483,7 +469,7 @@ def create(
             )
             continue
         outcome.records.append(FileRecord(rel, res.size, res.mtime_ns, res.sha256, res.safetensors))
-    for rel in sorted(set(known) - set(on_disk)):
+    for rel in sorted(set(known) - set(on_disk) - set(listing.broken)):
         outcome.mismatched.append(
             {"path": rel, "reason": "missing (listed in the existing manifest)"}
         )
@@ -517,10 +503,12 @@ def verify(
         entry = entries.get(rel)
         if entry is None:
             continue
+        full_path = os.path.join(root, rel)
         try:
-            stat = os.stat(os.path.join(root, rel))
-        except OSError:
-            outcome.mismatched.append({"path": rel, "reason": "missing", "size": entry["size"]})
+            stat = os.stat(full_path)
+        except OSError as exc:
+            reason = "missing" if not os.path.islink(full_path) else broken_reason(full_path, exc)
+            outcome.mismatched.append({"path": rel, "reason": reason, "size": entry["size"]})
             continue
         if not _is_regular(stat):
             outcome.mismatched.append(
@@ -559,7 +547,15 @@ def verify(
         elif not same_mtime(entry["mtime_ns"], res.mtime_ns):
             outcome.touch[rel] = entry["mtime_ns"]
     if paths is None and os.path.isdir(root):
-        outcome.extra = sorted(set(list_files(root)) - set(entries))
+        listing = scan(root)
+        outcome.extra = sorted(set(listing.files) - set(entries))
+        # A broken entry the manifest does not list (a dangling link, a loop) would
+        # still be read by vLLM's glob: it must go, and a copy cannot fix it.
+        for rel, reason in sorted(listing.broken.items()):
+            if rel not in entries:
+                outcome.mismatched.append(
+                    {"path": rel, "reason": f"{reason}; not in the manifest: delete it", "size": 0}
+                )
     outcome.mismatched.sort(key=lambda m: m["path"])
     return outcome
 

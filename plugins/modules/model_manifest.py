@@ -21,6 +21,9 @@ description:
   - Files are hashed in parallel threads (sha256 releases the interpreter lock while it digests).
   - When a snapshot file is a link into a Hugging Face cache blob named by its sha256, O(mode=create)
     also checks the content against that name.
+  - Fails closed on an incomplete snapshot. A dangling link (a shard never downloaded, a blob deleted)
+    or a link loop is reported once in RV(mismatched) with its path, and RV(ok) is V(false), in both
+    modes; a directory link that leads back above itself is never entered.
 author:
   - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
@@ -67,7 +70,7 @@ options:
     elements: str
   workers:
     description:
-      - Files hashed at once. V(0) uses one thread per CPU (at most 16).
+      - Files hashed at once, at most 256. V(0) uses one thread per CPU (at most 16).
     type: int
     default: 0
   drop_cache:
@@ -87,6 +90,8 @@ options:
     type: str
 notes:
   - Hidden files (names starting with a dot, such as rsync's temporary files) are not part of a snapshot.
+  - A manifest read from a file or from O(manifest_content) is schema-checked (paths relative and
+    normalised, sizes and times non-negative integers, sha256 as 64 hex digits, no path twice).
 seealso:
   - name: safetensors format
     description: The header layout checked by this module.
@@ -118,9 +123,14 @@ EXAMPLES = r"""
 
 RETURN = r"""
 ok:
-  description: True when no file is missing, truncated, corrupted or malformed.
+  description: True when no file is missing, truncated, corrupted, malformed, a dangling link or a link loop.
   returned: always
   type: bool
+msg:
+  description: One line naming the mismatched files and why (the first ten), when RV(ok) is false.
+  returned: when RV(ok) is false
+  type: str
+  sample: "1 file(s) do not match: model-00002.safetensors (dangling symlink to ../../blobs/ab12...)"
 mismatched:
   description: Files that do not match, sorted by path.
   returned: always
@@ -196,6 +206,11 @@ from ansible_collections.localinference.vllm.plugins.module_utils._manifest impo
     validate_manifest,
     verify,
     write_manifest,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+    MAX_PATH,
+    ValidationError,
+    text,
 )
 
 
@@ -307,6 +322,14 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
+    try:
+        text("path", params["path"], max_length=MAX_PATH)
+        if params["manifest"] is not None:
+            text("manifest", params["manifest"], max_length=MAX_PATH)
+        for position, rel in enumerate(params["paths"] or []):
+            text(f"paths[{position}]", rel, max_length=MAX_PATH)
+    except ValidationError as exc:
+        module.fail_json(msg=str(exc))
     manifest_path = params["manifest"] or default_manifest_path(params["path"])
     if params["mode"] == "create" and params["manifest_content"] is not None:
         module.fail_json(
@@ -316,8 +339,8 @@ def main() -> None:
         module.fail_json(
             msg="paths is only for mode=verify; mode=create always records the whole snapshot"
         )
-    if params["workers"] < 0:
-        module.fail_json(msg=f"workers must be 0 (one per CPU) or more, got {params['workers']}")
+    if not 0 <= params["workers"] <= 256:
+        module.fail_json(msg=f"workers must be 0 (one per CPU) to 256, got {params['workers']}")
     if params["mode"] == "create" and not os.path.isdir(params["path"]):
         module.fail_json(
             msg=f"path {params['path']} is not a directory: stage the snapshot there first "
@@ -334,6 +357,12 @@ def main() -> None:
             msg=f"{exc}; run mode=create on the source node first or pass manifest_content"
         )
     result["manifest"] = manifest_path
+    if not result["ok"]:
+        shown = "; ".join(f"{m['path']} ({m['reason']})" for m in result["mismatched"][:10])
+        more = len(result["mismatched"]) - 10
+        result["msg"] = f"{len(result['mismatched'])} file(s) do not match: {shown}" + (
+            f"; and {more} more" if more > 0 else ""
+        )
     result["disk_free_bytes"] = disk_free_bytes(params["path"])
     result["elapsed_seconds"] = round(time.monotonic() - started, 3)
     module.exit_json(**result)
