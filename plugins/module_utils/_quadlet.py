@@ -26,13 +26,27 @@ def split_dryrun(output: str) -> dict[str, str]:
     return units
 
 
+class QuadletOutputError(ValueError):
+    """Generator output this module cannot read; the message quotes the offending line."""
+
+
 def systemd_split(command: str) -> list[str]:
-    """Split an ExecStart= value into argv the way systemd hands it to the program."""
-    return [word.replace("$$", "$").replace("%%", "%") for word in shlex.split(command, posix=True)]
+    """Split an ExecStart= value into argv the way systemd hands it to the program.
+
+    Raises :class:`QuadletOutputError` for an unbalanced quote or a trailing escape.
+    """
+    try:
+        words = shlex.split(command, posix=True)
+    except ValueError as exc:
+        raise QuadletOutputError(f"cannot split {command[:120]!r} into words ({exc})") from None
+    return [word.replace("$$", "$").replace("%%", "%") for word in words]
 
 
 def exec_start(unit_text: str) -> list[str]:
-    """argv of the (last) ExecStart= line of a generated service, or []."""
+    """argv of the (last) ExecStart= line of a generated service, or [].
+
+    Raises :class:`QuadletOutputError` when the line cannot be split.
+    """
     argv: list[str] = []
     for line in unit_text.splitlines():
         if line.startswith("ExecStart="):

@@ -16,10 +16,25 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+    ValidationError,
+)
+
 SCHEMA_VERSION = 1
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
-DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
-KEY = re.compile(r"^[a-z][a-z0-9_]*$")
+HEX40 = re.compile(r"[0-9a-f]{40}")
+KEY = re.compile(r"[a-z][a-z0-9_]{0,63}")
+# A Hugging Face repository id; ``..`` and ``--`` are refused by the Hub too and would
+# make the snapshot path (models--org--name) ambiguous or escape it.
+MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(?:/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+VERSION = re.compile(r"[0-9][0-9A-Za-z.+_-]{0,63}")
+ULIMIT = re.compile(
+    r"(?P<name>as|core|cpu|data|fsize|locks|memlock|msgqueue|nice|nofile|nproc|rss|rtprio"
+    r"|rttime|sigpending|stack)=(?P<soft>-1|[0-9]{1,20})(?::(?P<hard>-1|[0-9]{1,20}))?"
+)
+# Deepest nesting accepted in a dict-valued vLLM option (speculative_config, ...).
+MAX_DEPTH = 8
+MAX_INT = 2**63 - 1
 
 # Deployment keys: how and where to run vLLM; never rendered as vLLM flags.
 DEPLOY_DEFAULTS: dict[str, Any] = {
@@ -67,68 +82,142 @@ INT_KEYS = {
     "kv_cache_memory_bytes": 1,
     "tensor_parallel_size": 1,
     "pipeline_parallel_size": 1,
-    "port": 1,
-    "master_port": 1,
-    "ray_port": 1,
 }
+PORT_KEYS = {"port", "master_port", "ray_port"}
 FLOAT_KEYS = {"gpu_memory_utilization", "kv_offloading_size"}
 BOOL_KEYS = {"enable_auto_tool_choice", "ipc_host", "privileged", "enforce_eager"}
 LIST_KEYS = {"extra_args", "devices", "podman_args", "ulimits"}
 
 
-class RecipeError(ValueError):
+class RecipeError(ValidationError):
     """A recipe that cannot be served; the message names the key and the fix."""
 
 
 def _fail(key: str, problem: str, fix: str) -> RecipeError:
-    return RecipeError(f"vllm_recipe.{key}: {problem}; {fix}")
+    return RecipeError(f"vllm_recipe.{key}" if key else "vllm_recipe", problem, fix)
+
+
+def _name(key: str) -> str:
+    return f"vllm_recipe.{key}"
 
 
 def _as_int(key: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise _fail(key, f"expected an integer, got {value!r}", "set a whole number")
-    try:
-        number = int(str(value).replace("_", ""))
-    except ValueError:
-        raise _fail(key, f"expected an integer, got {value!r}", "set a whole number") from None
-    if number < minimum:
-        raise _fail(key, f"{number} is below {minimum}", f"set at least {minimum}")
-    return number
+    return validate.integer(_name(key), value, minimum=minimum, maximum=MAX_INT)
 
 
 def _as_float(key: str, value: Any) -> float | int:
-    if isinstance(value, bool):
-        raise _fail(key, f"expected a number, got {value!r}", "set a number")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise _fail(key, f"expected a number, got {value!r}", "set a number") from None
-    return int(number) if number.is_integer() and key != "gpu_memory_utilization" else number
+    if key == "gpu_memory_utilization":
+        number = validate.number(_name(key), value)
+        if not 0 < number <= 1:
+            raise _fail(key, "must be in (0, 1]", "use a fraction such as 0.85")
+        return number
+    number = validate.number(_name(key), value, minimum=0)
+    return int(number) if number.is_integer() else number
 
 
 def _as_bool(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
+    text = str(value).strip().lower() if isinstance(value, (str, int)) else ""
     if text in {"true", "yes", "on", "1"}:
         return True
     if text in {"false", "no", "off", "0"}:
         return False
-    raise _fail(key, f"expected true or false, got {value!r}", "set a boolean")
+    raise _fail(key, f"expected true or false, got {validate.shown(value)}", "set a boolean")
+
+
+def _as_list(key: str, value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise _fail(key, f"expected a list, got {validate.shown(value)}", "write it as a YAML list")
+    return value
+
+
+def _ulimit(key: str, value: Any) -> str:
+    value = validate.systemd_value(key, value, max_length=128)
+    match = ULIMIT.fullmatch(value)
+    if match is None:
+        raise RecipeError(
+            key,
+            f"{value!r} is not a ulimit",
+            "write NAME=SOFT[:HARD] with NAME one of nofile, memlock, stack, nproc, core, ... "
+            "and -1 for unlimited, e.g. nofile=1048576:1048576",
+        )
+    soft, hard = match.group("soft"), match.group("hard")
+    if hard is not None and soft != "-1" and (hard != "-1" and int(soft) > int(hard)):
+        raise RecipeError(key, f"{value!r}: soft limit above hard limit", "set SOFT <= HARD")
+    return value
+
+
+def _entrypoint(value: Any) -> str:
+    name = _name("entrypoint")
+    value = validate.systemd_value(name, value, max_length=validate.MAX_PATH)
+    if "/" in value:
+        return validate.path(name, value)
+    if value.startswith("-"):
+        raise RecipeError(name, f"{value!r} reads as an option", "name the program, e.g. vllm")
+    return value
+
+
+def _option_value(name: str, value: Any, depth: int = 0) -> Any:
+    """Any other vLLM option: text, finite numbers, booleans, lists of them, nested dicts."""
+    if depth > MAX_DEPTH:
+        raise RecipeError(name, f"nested deeper than {MAX_DEPTH} levels", "flatten the value")
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return validate.integer(name, value, minimum=-MAX_INT, maximum=MAX_INT)
+    if isinstance(value, float):
+        return validate.number(name, value)
+    if isinstance(value, str):
+        return validate.text(name, value)
+    if isinstance(value, list):
+        return [_option_value(f"{name}[{i}]", item, depth + 1) for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        checked = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise RecipeError(name, f"key {key!r} is not a string", "use string keys")
+            validate.text(f"{name} key {validate.shown(key)}", key)
+            if item is not None:
+                checked[key] = _option_value(f"{name}.{key}", item, depth + 1)
+        return checked
+    raise RecipeError(
+        name, f"unsupported value {validate.shown(value)}", "use text, a number, a list or a dict"
+    )
 
 
 def normalise(raw: dict[str, Any], plan_max_model_len: int | None = None) -> dict[str, Any]:
     """Return the canonical recipe: defaults filled, types coerced, ``plan`` resolved.
 
+    Every value that reaches a unit file, a command line or a path is validated
+    here, once (``_validate``); a refusal is a :class:`RecipeError` naming
+    ``vllm_recipe.<key>``, the offending character or value and the fix.
     Normalising an already normalised recipe returns it unchanged, so a recipe
     read back from a node (for a rollback) hashes exactly as when written.
     """
+    try:
+        return _normalise(raw, plan_max_model_len)
+    except RecipeError:
+        raise
+    except ValidationError as exc:
+        raise RecipeError(exc.name, exc.problem, exc.fix) from None
+
+
+def _normalise(raw: Any, plan_max_model_len: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        raise RecipeError("vllm_recipe: expected a dict of vLLM options and deployment keys")
+        raise _fail(
+            "",
+            f"expected a dict of vLLM options and deployment keys, got {validate.shown(raw)}",
+            "write vllm_recipe as a YAML mapping",
+        )
     recipe: dict[str, Any] = {}
     for key, value in raw.items():
-        if not isinstance(key, str) or not KEY.match(key):
-            raise _fail(str(key), "not an option name", "use vLLM's option name with underscores")
+        if not isinstance(key, str) or not KEY.fullmatch(key):
+            raise _fail(
+                key if isinstance(key, str) and key.isprintable() else validate.shown(key),
+                "not an option name",
+                "use vLLM's option name with underscores",
+            )
         if key in RESERVED_KEYS:
             raise _fail(
                 key, "is set by the collection", f"remove it; it follows {RESERVED_KEYS[key]}"
@@ -140,31 +229,56 @@ def normalise(raw: dict[str, Any], plan_max_model_len: int | None = None) -> dic
         recipe.setdefault(key, json.loads(json.dumps(default)))
 
     for key in ("model", "revision"):
-        if not recipe.get(key):
+        if recipe.get(key) in (None, ""):
             raise _fail(key, "is required", "set the Hugging Face id and its pinned 40-hex commit")
-    recipe["revision"] = str(recipe["revision"]).lower()
-    if not HEX40.match(recipe["revision"]):
+    recipe["model"] = validate.text(_name("model"), recipe["model"], max_length=200)
+    model = recipe["model"]
+    if not MODEL_ID.fullmatch(model) or ".." in model or "--" in model:
+        raise _fail(
+            "model",
+            f"{recipe['model']!r} is not a Hugging Face repository id",
+            "write ORG/NAME with letters, digits, '-', '_' and '.' (no '..' or '--')",
+        )
+    revision = validate.text(_name("revision"), recipe["revision"], max_length=64).lower()
+    if not HEX40.fullmatch(revision):
         raise _fail(
             "revision", f"{raw.get('revision')!r} is not a 40-hex commit", "pin the snapshot commit"
         )
-    recipe.setdefault("served_model_name", recipe["model"])
+    recipe["revision"] = revision
+    served = recipe.setdefault("served_model_name", recipe["model"])
+    if isinstance(served, list):
+        if not served:
+            raise _fail("served_model_name", "is an empty list", "name the model or drop the key")
+        recipe["served_model_name"] = [
+            validate.text(f"{_name('served_model_name')}[{i}]", s, strip_ok=False, max_length=256)
+            for i, s in enumerate(served)
+        ]
+    else:
+        recipe["served_model_name"] = validate.text(
+            _name("served_model_name"), served, strip_ok=False, max_length=256
+        )
 
     if recipe["deploy_mode"] not in ("quadlet", "systemd"):
         raise _fail(
             "deploy_mode", f"unknown mode {recipe['deploy_mode']!r}", "use quadlet or systemd"
         )
-    if recipe["deploy_mode"] == "quadlet":
-        image = str(recipe.get("image") or "")
-        if not DIGEST.search(image):
-            raise _fail(
-                "image", f"{image or 'missing'}: not pinned by digest", "use NAME@sha256:<64 hex>"
-            )
-    elif not recipe.get("vllm_version"):
+    if recipe["deploy_mode"] == "quadlet" or recipe.get("image") is not None:
+        recipe["image"] = validate.image_reference(
+            _name("image"), recipe.get("image"), require_digest=recipe["deploy_mode"] == "quadlet"
+        )
+    if recipe["deploy_mode"] == "systemd" and not recipe.get("vllm_version"):
         raise _fail(
             "vllm_version",
             "is required for deploy_mode systemd",
             "set the vLLM release, e.g. 0.32.0",
         )
+    if "vllm_version" in recipe:
+        version = validate.systemd_value(_name("vllm_version"), recipe["vllm_version"])
+        if not VERSION.fullmatch(version) or ".." in version:
+            raise _fail(
+                "vllm_version", f"{version!r} is not a release number", "write it as e.g. 0.32.0"
+            )
+        recipe["vllm_version"] = version
     if recipe["executor_backend"] not in ("mp", "ray"):
         raise _fail(
             "executor_backend", f"unknown backend {recipe['executor_backend']!r}", "use mp or ray"
@@ -178,36 +292,63 @@ def normalise(raw: dict[str, Any], plan_max_model_len: int | None = None) -> dic
                 "is 'plan' but no plan result is available",
                 "run playbooks/plan.yml first (fact plan_budget on localhost) or set a number",
             )
-        recipe["max_model_len"] = _as_int("max_model_len", plan_max_model_len, 1)
+        recipe["max_model_len"] = validate.integer(
+            "plan_max_model_len", plan_max_model_len, minimum=1, maximum=MAX_INT
+        )
     elif mml is not None:
         recipe["max_model_len"] = _as_int("max_model_len", mml, 1)
 
     for key, minimum in INT_KEYS.items():
         if key in recipe:
             recipe[key] = _as_int(key, recipe[key], minimum)
+    for key in PORT_KEYS & recipe.keys():
+        recipe[key] = validate.port(_name(key), recipe[key])
     for key in FLOAT_KEYS & recipe.keys():
         recipe[key] = _as_float(key, recipe[key])
     for key in BOOL_KEYS & recipe.keys():
         recipe[key] = _as_bool(key, recipe[key])
-    for key in LIST_KEYS & recipe.keys():
-        if not isinstance(recipe[key], list):
-            raise _fail(key, "expected a list", "write it as a YAML list")
-        recipe[key] = [str(item) for item in recipe[key]]
+    recipe["host"] = validate.host(_name("host"), recipe["host"])
+    recipe["extra_args"] = [
+        validate.text(f"{_name('extra_args')}[{i}]", a)
+        for i, a in enumerate(_as_list("extra_args", recipe["extra_args"]))
+    ]
+    recipe["podman_args"] = [
+        validate.text(f"{_name('podman_args')}[{i}]", a)
+        for i, a in enumerate(_as_list("podman_args", recipe["podman_args"]))
+    ]
+    recipe["devices"] = [
+        validate.systemd_value(f"{_name('devices')}[{i}]", d, max_length=validate.MAX_PATH)
+        for i, d in enumerate(_as_list("devices", recipe["devices"]))
+    ]
+    recipe["ulimits"] = [
+        _ulimit(f"{_name('ulimits')}[{i}]", u)
+        for i, u in enumerate(_as_list("ulimits", recipe["ulimits"]))
+    ]
+    recipe["cache_dir"] = validate.path(_name("cache_dir"), recipe["cache_dir"])
+    recipe["entrypoint"] = _entrypoint(recipe["entrypoint"])
     if not recipe["ipc_host"]:
         recipe.setdefault("shm_size", "1g")
+    if "shm_size" in recipe:
+        recipe["shm_size"] = validate.size(_name("shm_size"), recipe["shm_size"])
     if not isinstance(recipe["env"], dict):
         raise _fail("env", "expected a dict", "write it as NAME: value pairs")
-    recipe["env"] = {str(k): str(v) for k, v in sorted(recipe["env"].items())}
+    env = {}
+    for key, value in recipe["env"].items():
+        name = validate.env_name(f"{_name('env')} key {validate.shown(key)}", key)
+        env[name] = validate.env_value(f"{_name('env')}.{name}", value)
+    recipe["env"] = dict(sorted(env.items()))
     if "speculative_config" in recipe and not isinstance(recipe["speculative_config"], dict):
         raise _fail("speculative_config", "expected a dict", "write vLLM's JSON keys as YAML")
-    if "gpu_memory_utilization" in recipe and not 0 < recipe["gpu_memory_utilization"] <= 1:
-        raise _fail("gpu_memory_utilization", "must be in (0, 1]", "use a fraction such as 0.85")
     for token in recipe["extra_args"]:
         name = token.split("=", 1)[0]
         if name.startswith("--") and name[2:].replace("-", "_") in RESERVED_KEYS:
             raise _fail(
                 "extra_args", f"{name} is set by the collection", "remove it from extra_args"
             )
+    checked = DEPLOY_KEYS | INT_KEYS.keys() | PORT_KEYS | FLOAT_KEYS | BOOL_KEYS | {"host"}
+    checked |= {"max_model_len", "served_model_name"}
+    for key in sorted(recipe.keys() - checked):
+        recipe[key] = _option_value(_name(key), recipe[key])
     return json.loads(canonical_json(recipe))
 
 
@@ -263,6 +404,42 @@ class Node:
     @property
     def role(self) -> str:
         return "head" if self.rank == 0 else "worker"
+
+
+# More nodes than any cluster this collection deploys; bounds the rank arithmetic.
+MAX_NODES = 1024
+
+
+def make_node(params: dict[str, Any], name: str = "node") -> Node:
+    """A validated :class:`Node` from the module's ``node`` option (the other boundary).
+
+    Host names and addresses, the environment and the weights path reach unit
+    files and command lines; each is checked here, once, and a refusal names
+    ``node.<key>``.  The rank range is the caller's check (it knows the message).
+    """
+    if not isinstance(params, dict):
+        raise ValidationError(
+            name, f"expected a dict, got {validate.shown(params)}", "describe the node"
+        )
+    env_raw = params.get("env") or {}
+    if not isinstance(env_raw, dict):
+        raise ValidationError(f"{name}.env", "expected a dict", "write it as NAME: value pairs")
+    env = {}
+    for key, value in env_raw.items():
+        key = validate.env_name(f"{name}.env key {validate.shown(key)}", key)
+        if value not in (None, ""):
+            env[key] = validate.env_value(f"{name}.env.{key}", value)
+    return Node(
+        host=validate.host(f"{name}.host", params.get("host")),
+        rank=validate.integer(f"{name}.rank", params.get("rank"), minimum=0, maximum=MAX_NODES),
+        nnodes=validate.integer(
+            f"{name}.nnodes", params.get("nnodes"), minimum=1, maximum=MAX_NODES
+        ),
+        head_address=validate.host(f"{name}.head_address", params.get("head_address")),
+        address=validate.host(f"{name}.address", params.get("address"), allow_empty=True),
+        env=dict(sorted(env.items())),
+        weights_path=validate.path(f"{name}.weights_path", params.get("weights_path")),
+    )
 
 
 def serve_argv(recipe: dict[str, Any], node: Node, model_path: str) -> list[str] | None:

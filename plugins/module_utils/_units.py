@@ -6,12 +6,18 @@ Every unit carries the recipe hash three ways (a header comment, the
 ``LOCALINFERENCE_RECIPE_HASH`` environment variable and, for containers, a
 label), so ``verify`` can prove that what runs is what the inventory asked for.
 Processes are always started by systemd, never by a backgrounded shell (F11).
+
+Inputs arrive validated (``_recipe.normalise``, ``_recipe.make_node``); the
+rendered text is checked once more before it is returned (:func:`unit_problems`):
+every line must be one the template writes, so no value can smuggle in a
+section or a setting (``ExecStartPre=`` after a newline in a model name).
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+import unicodedata
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
@@ -20,6 +26,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe import
     ray_argv,
     serve_argv,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+    ValidationError,
+)
 
 SERVER_UNIT = "localinference-vllm"
 RAY_UNIT = "localinference-ray"
@@ -27,13 +36,42 @@ CONTAINER_MODEL_ROOT = "/models"
 CONTAINER_CACHE = "/var/cache/vllm"
 RAY_SESSION_DIR = "/run/localinference/ray"
 HASH_MARKER = "# localinference.vllm recipe_hash="
-_SAFE = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
+MANAGED_COMMENT = (
+    "# Managed by localinference.vllm (role serve); edits are replaced by the next rollout."
+)
+_SAFE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+
+# Every section and key the templates below write; anything else in a rendered
+# unit is refused (see unit_problems).
+_LIMITS = "AS CORE CPU DATA FSIZE LOCKS MEMLOCK MSGQUEUE NICE NOFILE NPROC RSS RTPRIO RTTIME"
+LIMIT_KEYS = frozenset(f"Limit{name}" for name in [*_LIMITS.split(), "SIGPENDING", "STACK"])
+_CONTAINER_KEYS = """ContainerName Image Pull Network Label Entrypoint Volume AddDevice Ulimit
+ShmSize PodmanArgs Environment Exec"""
+_SERVICE_KEYS = """ExecStartPre Restart RestartSec TimeoutStartSec TimeoutStopSec Type Environment
+ExecStart ExecStop"""
+SECTION_KEYS: dict[str, frozenset[str]] = {
+    "Unit": frozenset({"Description", "Wants", "After", "Requires"}),
+    "Container": frozenset(_CONTAINER_KEYS.split()),
+    "Service": frozenset(_SERVICE_KEYS.split()) | LIMIT_KEYS,
+    "Install": frozenset({"WantedBy"}),
+}
 
 
-def systemd_quote(arg: str) -> str:
-    """Quote one argument for ExecStart=/Exec=/Environment= (systemd word rules)."""
-    arg = arg.replace("%", "%%").replace("$", "$$")
-    if arg and _SAFE.match(arg):
+class UnitRenderError(ValidationError):
+    """A rendered unit holds a line its template did not write; it is never written."""
+
+
+def systemd_quote(arg: str, dollar: bool = True) -> str:
+    """Quote one argument for ExecStart=/Exec=/Environment= (systemd word rules).
+
+    ``%`` is doubled (specifiers); ``$`` is doubled for command lines, where
+    systemd expands ``$VAR`` (``dollar=False`` for a service's ``Environment=``,
+    where it does not).
+    """
+    arg = arg.replace("%", "%%")
+    if dollar:
+        arg = arg.replace("$", "$$")
+    if arg and _SAFE.fullmatch(arg):
         return arg
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -42,8 +80,15 @@ def _join(argv: list[str]) -> str:
     return " ".join(systemd_quote(a) for a in argv)
 
 
-def _env_lines(env: dict[str, str]) -> list[str]:
-    return [f"Environment={systemd_quote(f'{k}={v}')}" for k, v in env.items()]
+def _env_lines(env: dict[str, str], dollar: bool = True) -> list[str]:
+    """``Environment=`` lines; Quadlet copies them into the command line, so ``$`` is
+    escaped there (``dollar=True``), not in a plain service."""
+    return [f"Environment={systemd_quote(f'{k}={v}', dollar)}" for k, v in env.items()]
+
+
+def _description(text: str) -> str:
+    """Free text for ``Description=``: systemd expands specifiers there, so ``%`` is doubled."""
+    return text.replace("%", "%%")
 
 
 def model_location(weights_path: str, revision: str) -> tuple[str, str]:
@@ -73,9 +118,9 @@ def _limits(ulimits: list[str]) -> list[str]:
 def _header(digest: str, what: str) -> list[str]:
     return [
         f"{HASH_MARKER}{digest}",
-        "# Managed by localinference.vllm (role serve); edits are replaced by the next rollout.",
+        MANAGED_COMMENT,
         "[Unit]",
-        f"Description={what} (recipe {digest[:12]})",
+        f"Description={_description(what)} (recipe {digest[:12]})",
         "Wants=network-online.target",
         "After=network-online.target",
     ]
@@ -182,7 +227,7 @@ def render_units(
             units.append(
                 {
                     "name": f"{RAY_UNIT}.container",
-                    "content": _text(lines + _service_tail(recipe, pre)),
+                    "content": _text(f"{RAY_UNIT}.container", lines + _service_tail(recipe, pre)),
                 }
             )
         else:
@@ -191,13 +236,16 @@ def render_units(
                 "",
                 "[Service]",
                 "Type=exec",
-                *_env_lines(ray_env),
+                *_env_lines(ray_env, dollar=False),
                 *_limits(recipe["ulimits"]),
                 f"ExecStart={_join([posixpath.join(bin_dir, 'ray'), *ray])}",
                 f"ExecStop={_join([posixpath.join(bin_dir, 'ray'), 'stop'])}",
             ]
             units.append(
-                {"name": f"{RAY_UNIT}.service", "content": _text(lines + _service_tail(recipe)[2:])}
+                {
+                    "name": f"{RAY_UNIT}.service",
+                    "content": _text(f"{RAY_UNIT}.service", lines + _service_tail(recipe)[2:]),
+                }
             )
         order.append(f"{RAY_UNIT}.service")
 
@@ -218,7 +266,7 @@ def render_units(
             units.append(
                 {
                     "name": f"{SERVER_UNIT}.container",
-                    "content": _text(lines + _service_tail(recipe)),
+                    "content": _text(f"{SERVER_UNIT}.container", lines + _service_tail(recipe)),
                 }
             )
         else:
@@ -229,7 +277,7 @@ def render_units(
                     "",
                     "[Service]",
                     "Type=exec",
-                    *_env_lines(env),
+                    *_env_lines(env, dollar=False),
                     *_limits(recipe["ulimits"]),
                     f"ExecStart={_join([posixpath.join(bin_dir, 'vllm'), *server])}",
                 ]
@@ -237,7 +285,7 @@ def render_units(
             units.append(
                 {
                     "name": f"{SERVER_UNIT}.service",
-                    "content": _text(lines + _service_tail(recipe)[2:]),
+                    "content": _text(f"{SERVER_UNIT}.service", lines + _service_tail(recipe)[2:]),
                 }
             )
         order.append(f"{SERVER_UNIT}.service")
@@ -253,8 +301,68 @@ def render_units(
     }
 
 
-def _text(lines: list[str]) -> str:
-    return "\n".join(lines).rstrip("\n") + "\n"
+def _text(name: str, lines: list[str]) -> str:
+    """The unit file for ``lines``, refused unless it reads back as exactly those lines."""
+    content = "\n".join(lines).rstrip("\n") + "\n"
+    found = unit_problems(content, lines)
+    if found:
+        raise UnitRenderError(
+            name,
+            "; ".join(found[:3]) + (f" (and {len(found) - 3} more)" if len(found) > 3 else ""),
+            "nothing was written: a value escaped validation; report this with the recipe",
+        )
+    return content
+
+
+def unit_problems(content: str, lines: list[str] | None = None) -> list[str]:
+    """Lines of a rendered unit that its template does not write, read as systemd reads them.
+
+    Each line must be empty, one of the two header comments, a known section
+    header or ``Key=value`` with a key that section's template writes; no line
+    may hold a control character or end in a backslash (a continuation). With
+    ``lines``, the text must split back into exactly those lines.
+    """
+    found = []
+    read = content.split("\n")
+    if read and read[-1] == "":
+        read.pop()
+    if lines is not None:
+        expected = list(lines)
+        while expected and expected[-1] == "":
+            expected.pop()
+        if read != expected:
+            found.append(
+                f"renders {len(read)} lines where the template wrote {len(expected)} "
+                "(a value holds a line break)"
+            )
+    section = ""
+    markers = 0
+    for number, line in enumerate(read, 1):
+        where = f"line {number} {line[:80]!r}"
+        bad = next((c for c in line if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")), None)
+        if bad is not None:
+            found.append(f"{where} holds {bad!r}")
+            continue
+        if line.endswith("\\"):
+            found.append(f"{where} ends in a backslash (systemd joins the next line to it)")
+        if not line:
+            continue
+        if line.startswith("#"):
+            markers += line.startswith(HASH_MARKER)
+            if not (line.startswith(HASH_MARKER) or line == MANAGED_COMMENT) or number > 2:
+                found.append(f"{where} is not a comment the template writes")
+            continue
+        if line.startswith("["):
+            section = line[1:-1] if line.endswith("]") else ""
+            if section not in SECTION_KEYS:
+                found.append(f"{where} is not a section the template writes")
+            continue
+        key, equals, _ = line.partition("=")
+        if not equals or key not in SECTION_KEYS.get(section, ()):
+            found.append(f"{where} is not a setting the template writes in [{section or '-'}]")
+    if markers != 1:
+        found.append(f"carries {markers} recipe hash headers (expected 1)")
+    return found
 
 
 def unit_hash(content: str) -> str | None:

@@ -143,7 +143,7 @@ def text(
             ) from None
     if not isinstance(value, str):
         raise ValidationError(
-            name, f"expected text, got {type(value).__name__} {_short(value)}", "set a string"
+            name, f"expected text, got {type(value).__name__} {shown(value)}", "set a string"
         )
     if not value and not allow_empty:
         raise ValidationError(name, "is empty", "set a value")
@@ -377,16 +377,14 @@ def integer(
         number = int(value.strip().replace("_", ""))
     if number is None:
         raise ValidationError(
-            name, f"expected an integer, got {_short(value)}", "set a whole number"
+            name, f"expected an integer, got {shown(value)}", "set a whole number"
         )
     if minimum is not None and number < minimum:
         raise ValidationError(
-            name, f"{_short(number)} is below {minimum}", f"set at least {minimum}"
+            name, f"{shown(number)} is below {minimum}", f"set at least {minimum}"
         )
     if maximum is not None and number > maximum:
-        raise ValidationError(
-            name, f"{_short(number)} is above {maximum}", f"set at most {maximum}"
-        )
+        raise ValidationError(name, f"{shown(number)} is above {maximum}", f"set at most {maximum}")
     return number
 
 
@@ -416,21 +414,17 @@ def number(
         except ValueError:
             result = None
     if result is None:
-        raise ValidationError(name, f"expected a number, got {_short(value)}", "set a number")
+        raise ValidationError(name, f"expected a number, got {shown(value)}", "set a number")
     if not math.isfinite(result):
-        raise ValidationError(
-            name, f"{_short(value)} is not a finite number", "set a finite number"
-        )
+        raise ValidationError(name, f"{shown(value)} is not a finite number", "set a finite number")
     if above is not None and result <= above:
         raise ValidationError(
-            name, f"{_short(value)} is not above {above}", f"set more than {above}"
+            name, f"{shown(value)} is not above {above}", f"set more than {above}"
         )
     if minimum is not None and result < minimum:
-        raise ValidationError(
-            name, f"{_short(value)} is below {minimum}", f"set at least {minimum}"
-        )
+        raise ValidationError(name, f"{shown(value)} is below {minimum}", f"set at least {minimum}")
     if maximum is not None and result > maximum:
-        raise ValidationError(name, f"{_short(value)} is above {maximum}", f"set at most {maximum}")
+        raise ValidationError(name, f"{shown(value)} is above {maximum}", f"set at most {maximum}")
     return result
 
 
@@ -447,7 +441,8 @@ def size(name: str, value: Any) -> str:
     return value
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages."""
     try:
         text_ = repr(value)
     except ValueError:  # an int of more than 4300 digits

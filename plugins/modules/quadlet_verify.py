@@ -14,6 +14,9 @@ description:
   - Reads the C(podman run) command line the generator produced for each service and fails
     on what Podman refuses only at run time or what should never be needed
     (F14 C(--ipc=host) with C(--shm-size); F17 C(--privileged) unless O(allow_privileged)).
+  - Fails, naming the file, when O(unit_dir) holds no C(.container) file, when a C(.container)
+    entry is not a regular file, or when the generator's output cannot be read; it never
+    succeeds on nothing.
 extends_documentation_fragment:
   - localinference.vllm.attributes.INFO
 options:
@@ -58,13 +61,53 @@ stderr:
 """
 
 import os
+import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.localinference.vllm.plugins.module_utils._quadlet import (
+    QuadletOutputError,
     exec_start,
     run_time_conflicts,
     split_dryrun,
 )
+
+# The generator's diagnostics quoted in a failure message, at most.
+MAX_MESSAGE = 2000
+
+
+def _container_files(module, unit_dir):
+    """Names of the ``.container`` files in ``unit_dir``; fails on anything else so named."""
+    try:
+        names = sorted(n for n in os.listdir(unit_dir) if n.endswith(".container"))
+    except OSError as exc:
+        module.fail_json(
+            msg=f"unit_dir: {unit_dir} cannot be listed ({exc.strerror})", findings=[], stderr=""
+        )
+    for name in names:
+        path = os.path.join(unit_dir, name)
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as exc:
+            module.fail_json(
+                msg=f"unit_dir: {path} cannot be read ({exc.strerror}); remove or fix it",
+                findings=[],
+                stderr="",
+            )
+        if not stat.S_ISREG(mode):
+            module.fail_json(
+                msg=f"unit_dir: {path} is not a regular file; remove it (only unit files belong "
+                "in a Quadlet directory)",
+                findings=[],
+                stderr="",
+            )
+    if not names:
+        module.fail_json(
+            msg=f"unit_dir: {unit_dir} holds no .container file; nothing to check (render the "
+            "units first: serving_state state=staged or present)",
+            findings=[],
+            stderr="",
+        )
+    return names
 
 
 def main():
@@ -78,35 +121,62 @@ def main():
     )
     unit_dir = module.params["unit_dir"]
     quadlet = module.params["quadlet"]
-    if not os.access(quadlet, os.X_OK):
+    if not (os.path.isfile(quadlet) and os.access(quadlet, os.X_OK)):
         module.fail_json(
-            msg=f"quadlet: {quadlet} is not executable; Quadlet needs Podman 4.4 or later "
+            msg=f"quadlet: {quadlet} is not an executable file; Quadlet needs Podman 4.4 or later "
             "(Debian trixie, Ubuntu 24.04) or set deploy_mode: systemd",
             findings=[],
             stderr="",
         )
     if not os.path.isdir(unit_dir):
-        module.fail_json(msg=f"unit_dir: {unit_dir} is not a directory", findings=[], stderr="")
-    rc, out, err = module.run_command(
-        [quadlet, "-dryrun"],
-        environ_update={"LC_ALL": "C", "QUADLET_UNIT_DIRS": unit_dir},
-    )
+        why = "does not exist" if not os.path.lexists(unit_dir) else "is not a directory"
+        module.fail_json(msg=f"unit_dir: {unit_dir} {why}", findings=[], stderr="")
+    expected = set(_container_files(module, unit_dir))
+    try:
+        rc, out, err = module.run_command(
+            [quadlet, "-dryrun"],
+            environ_update={"LC_ALL": "C", "QUADLET_UNIT_DIRS": unit_dir},
+            handle_exceptions=False,
+        )
+    except OSError as exc:
+        module.fail_json(
+            msg=f"quadlet: {quadlet} cannot be run ({exc.strerror}); point quadlet at Podman's "
+            "generator (/usr/libexec/podman/quadlet)",
+            findings=[],
+            stderr="",
+        )
     if rc != 0:
         lines = [line for line in err.splitlines() if "Loading source unit file" not in line]
+        detail = " ".join(lines).strip() or f"no diagnostics, exit code {rc}"
         module.fail_json(
-            msg=f"the Quadlet generator rejected the units in {unit_dir}: "
-            + " ".join(lines).strip(),
+            msg=f"the Quadlet generator rejected the units in {unit_dir}: {detail[:MAX_MESSAGE]}",
             findings=[],
             stderr=err,
             rc=rc,
         )
-    services = {name: {"exec_start": exec_start(text)} for name, text in split_dryrun(out).items()}
-    expected = {n for n in os.listdir(unit_dir) if n.endswith(".container")}
+    services = {}
+    for name, text in split_dryrun(out).items():
+        try:
+            services[name] = {"exec_start": exec_start(text)}
+        except QuadletOutputError as exc:
+            module.fail_json(
+                msg=f"the Quadlet generator's ExecStart= for {name} is unreadable: {exc}",
+                findings=[],
+                stderr=err,
+            )
     produced = {name.rsplit(".", 1)[0] + ".container" for name in services}
     missing = sorted(expected - produced)
     if missing:
         module.fail_json(
             msg=f"the Quadlet generator produced no service for {', '.join(missing)}",
+            findings=[],
+            stderr=err,
+            services=services,
+        )
+    empty = sorted(name for name, service in services.items() if not service["exec_start"])
+    if empty:
+        module.fail_json(
+            msg=f"the Quadlet generator produced no ExecStart= for {', '.join(empty)}",
             findings=[],
             stderr=err,
             services=services,

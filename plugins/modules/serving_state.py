@@ -15,6 +15,15 @@ description:
     with the recipe, its hash and the checksums of the unit files; every unit carries the hash.
   - C(state=verified) proves the node's document and unit files equal what the inventory asks
     and fails with the difference otherwise (failure F10, a stale reconciled registry).
+  - Every recipe and node value that reaches a unit file, a command line or a path is validated
+    first (no control characters, image pinned by digest, absolute normalised paths, host names,
+    environment names, ports in range); a refusal names the variable, the offending character
+    and the fix. Rendered units are checked again; a line the template did not write is an error
+    and nothing is written.
+  - The node's state document is never trusted. It is schema-checked; a malformed one (not an
+    object, a unit without C(sha256), a path that is a directory, binary or invalid JSON) is
+    reported as an F10 difference (RV(differences), RV(live_findings)), never a traceback. Only
+    this collection's unit names inside its unit directories are ever read, stopped or removed.
 extends_documentation_fragment:
   - localinference.vllm.attributes
 attributes:
@@ -76,7 +85,10 @@ options:
         C(serving.previous.json) for rollback).
       - C(verified) changes nothing and fails unless the live document and unit files equal
         the inventory's ask.
-      - C(absent) removes the unit files the live document lists; the document stays.
+      - C(absent) removes the unit files the live document lists; the document stays. Only this
+        collection's unit names (C(localinference-vllm), C(localinference-ray) C(.container) or
+        C(.service)) inside O(unit_dir) or the default unit directories are removed, and only
+        regular files or symbolic links (never followed); anything else is left and reported.
     type: str
     choices: [staged, present, verified, absent]
     default: present
@@ -203,70 +215,136 @@ previous_hash:
   description: Hash of RV(previous_recipe), or null.
   returned: always
   type: str
+live_findings:
+  description:
+    - Problems with the node's state documents (C(serving.json), C(serving.previous.json)) and
+      unit files this run refused to touch, as findings (C(id) F10, C(severity), C(message),
+      C(fix)). An C(error) finding is also listed in RV(differences).
+  returned: always
+  type: list
+  elements: dict
 """
 
-import json
 import os
+import stat
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
+from ansible_collections.localinference.vllm.plugins.module_utils._findings import finding
 from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
-    Node,
-    RecipeError,
+    make_node,
     normalise,
     parse_help_flags,
     problems,
     unknown_flags,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._state import (
+    OWN_UNIT_NAMES,
+    StateFileError,
+    check_document,
     desired,
     differences,
     dump,
+    parse_document,
+    read_text,
     unit_file_problems,
 )
 
 UNIT_DIRS = {"quadlet": "/etc/containers/systemd", "systemd": "/etc/systemd/system"}
+# `vllm serve --help=all` is a few hundred kilobytes.
+MAX_HELP_BYTES = 16 * 1024 * 1024
+STATE_FIX = (
+    "run the rollout (state=present rewrites serving.json and the units); if the file is not the "
+    "collection's, move it away"
+)
 
 
-def _read(path):
+def _load(path, unit_dirs, label):
+    """``(text, document, trusted, problems)`` of a state document on the node; never raises.
+
+    ``text`` is None when the file does not exist (no problem then).
+    """
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
-
-
-def _load(path):
-    text = _read(path)
+        text = read_text(path)
+    except StateFileError as exc:
+        return None, None, check_document(None, unit_dirs, label)[0], [f"{label}: {exc}"]
     if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return {"unreadable": text[:200]}
+        return None, None, check_document(None, unit_dirs, label)[0], []
+    document, found = parse_document(text, label)
+    if found:
+        return text, None, check_document(None, unit_dirs, label)[0], found
+    trusted, found = check_document(document, unit_dirs, label)
+    return text, document, trusted, found
 
 
-def _write(module, path, text, mode=0o644):
-    """Write ``text`` atomically; return True when the file changed."""
-    if _read(path) == text:
-        return False
-    if module.check_mode:
+class _Files:
+    """Writes and removals of this module; failures end the module with a clear message."""
+
+    def __init__(self, module, result):
+        self.module = module
+        self.result = result
+
+    def fail(self, msg):
+        self.module.fail_json(msg=msg, **self.result)
+
+    def require_file(self, path, option):
+        """Stop before anything changes when ``path`` exists and is a directory."""
+        if os.path.isdir(path):
+            self.fail(
+                f"{option}: {path} is a directory where a file belongs; remove it or choose "
+                f"another {option}"
+            )
+
+    def write(self, path, text, option, mode=0o644):
+        """Write ``text`` atomically; return True when the file changed."""
+        self.require_file(path, option)
+        try:
+            current = read_text(path)
+        except StateFileError:
+            current = None  # a binary or unreadable file of ours is replaced
+        if current == text:
+            return False
+        if self.module.check_mode:
+            return True
+        directory = os.path.dirname(path)
+        try:
+            os.makedirs(directory, mode=0o755, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".serving-")
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.chmod(tmp, mode)
+        except OSError as exc:
+            self.fail(f"{option}: cannot write {path} ({exc.strerror}); check {directory}")
+        self.module.atomic_move(tmp, path)
         return True
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".serving-")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, mode)
-    module.atomic_move(tmp, path)
-    return True
+
+    def remove(self, path):
+        """Remove a regular file or a symbolic link (never followed); ``(changed, problem)``."""
+        try:
+            info = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False, None
+        except OSError as exc:
+            return False, f"{path}: cannot be inspected ({exc.strerror}); left in place"
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            return False, f"{path}: is {kind}, not a unit file the collection wrote; left in place"
+        if not self.module.check_mode:
+            try:
+                os.unlink(path)
+            except OSError as exc:
+                return False, f"{path}: cannot be removed ({exc.strerror})"
+        return True, None
 
 
-def _remove(module, path):
-    if not os.path.lexists(path):
-        return False
-    if not module.check_mode:
-        os.unlink(path)
-    return True
+def _absolute(option, value):
+    value = validate.text(option, value, max_length=validate.MAX_PATH)
+    if not value.startswith("/"):
+        raise validate.ValidationError(
+            option, f"{value!r} is not an absolute path", "start it with /"
+        )
+    return value
 
 
 def main():
@@ -301,26 +379,41 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    state = params["state"]
     try:
         recipe = normalise(params["recipe"], params["plan_max_model_len"])
-    except RecipeError as exc:
+        node = make_node(params["node"])
+        state_path = _absolute("path", params["path"])
+        staging_dir = _absolute("staging_dir", params["staging_dir"])
+        unit_dir = validate.path("unit_dir", params["unit_dir"] or UNIT_DIRS[recipe["deploy_mode"]])
+        venv_dir = validate.path(
+            "venv_dir",
+            params["venv_dir"] or f"/opt/localinference/vllm-{recipe.get('vllm_version', 'unset')}",
+        )
+        help_path = params["help_text"] and _absolute("help_text", params["help_text"])
+    except validate.ValidationError as exc:
         module.fail_json(msg=str(exc))
-    node = Node(**params["node"])
     if not 0 <= node.rank < node.nnodes:
         module.fail_json(
             msg=f"node.rank {node.rank} is outside 0..{node.nnodes - 1}; the head is rank 0"
         )
-    unit_dir = params["unit_dir"] or UNIT_DIRS[recipe["deploy_mode"]]
-    venv_dir = (
-        params["venv_dir"] or f"/opt/localinference/vllm-{recipe.get('vllm_version', 'unset')}"
-    )
-    wanted = desired(recipe, node, unit_dir, venv_dir)
+    # Unit records in a node's document are trusted only inside these directories.
+    unit_dirs = sorted({unit_dir, *UNIT_DIRS.values()})
+    try:
+        wanted = desired(recipe, node, unit_dir, venv_dir)
+    except validate.ValidationError as exc:
+        module.fail_json(msg=str(exc))
     document = wanted["document"]
 
-    state_dir = os.path.dirname(params["path"])
-    previous_path = os.path.join(state_dir, "serving.previous.json")
-    live = _load(params["path"])
-    live_diff = differences(live, document) + (unit_file_problems(live, _read) if live else [])
+    previous_path = os.path.join(os.path.dirname(state_path), "serving.previous.json")
+    live_text, live, trusted, live_problems = _load(state_path, unit_dirs, "serving.json")
+    if live_text is None and not live_problems:
+        live_diff = differences(None, document)
+    else:
+        # A malformed document is reported by what is wrong with it, not key by key.
+        live_diff = list(live_problems) or differences(live, document)
+        live_diff += unit_file_problems(trusted, read_text)
+    findings = [finding("F10", "error", problem, STATE_FIX) for problem in live_problems]
     result = {
         "changed": False,
         "recipe": recipe,
@@ -332,17 +425,22 @@ def main():
         "ray_argv": document["ray_argv"],
         "environment": document["environment"],
         "problems": problems(recipe),
-        "live_hash": (live or {}).get("recipe_hash"),
-        "live_start_order": (live or {}).get("start_order") or [],
-        "live_recipe": (live or {}).get("recipe"),
+        "live_hash": trusted["recipe_hash"],
+        "live_start_order": trusted["start_order"],
+        "live_recipe": trusted["recipe"],
         "live_matches": not live_diff,
         "differences": live_diff,
+        "live_findings": findings,
     }
+    files = _Files(module, result)
 
-    if params["help_text"] and params["state"] != "absent":
-        text = _read(params["help_text"])
+    if help_path and state != "absent":
+        try:
+            text = read_text(help_path, MAX_HELP_BYTES)
+        except StateFileError as exc:
+            module.fail_json(msg=f"help_text: {exc}", **result)
         if text is None:
-            module.fail_json(msg=f"help_text {params['help_text']} does not exist", **result)
+            module.fail_json(msg=f"help_text {help_path} does not exist", **result)
         argv = (document["server_argv"] or []) + recipe["extra_args"]
         unknown = unknown_flags(argv, parse_help_flags(text))
         if unknown:
@@ -353,39 +451,57 @@ def main():
                 **result,
             )
     blocking = [p for p in result["problems"] if p["blocking"]]
-    if blocking and params["state"] != "absent":
+    if blocking and state != "absent":
         module.fail_json(msg="; ".join(f"{p['id']}: {p['message']}" for p in blocking), **result)
 
-    state = params["state"]
+    refused = []
     if state == "staged":
-        changed = _write(
-            module, os.path.join(params["staging_dir"], "serving.json"), dump(document)
+        changed = files.write(
+            os.path.join(staging_dir, "serving.json"), dump(document), "staging_dir"
         )
-        unit_root = os.path.join(params["staging_dir"], "units")
+        unit_root = os.path.join(staging_dir, "units")
         names = {u["name"] for u in wanted["units"]}
         for unit in wanted["units"]:
-            changed |= _write(module, os.path.join(unit_root, unit["name"]), unit["content"])
+            changed |= files.write(
+                os.path.join(unit_root, unit["name"]), unit["content"], "staging_dir"
+            )
         if os.path.isdir(unit_root):
-            for name in os.listdir(unit_root):
-                if name not in names:
-                    changed |= _remove(module, os.path.join(unit_root, name))
+            for name in sorted(os.listdir(unit_root)):
+                if name in names:
+                    continue
+                if name not in OWN_UNIT_NAMES:
+                    refused.append(
+                        f"{os.path.join(unit_root, name)}: not a unit this collection writes; "
+                        "left in place (the Quadlet check reads it too)"
+                    )
+                    continue
+                removed, problem = files.remove(os.path.join(unit_root, name))
+                changed |= removed
+                refused += [problem] if problem else []
         result["changed"] = changed
     elif state == "present":
-        changed = False
-        if live and live.get("recipe_hash") not in (None, document["recipe_hash"]):
-            changed |= _write(module, previous_path, dump(live))
-        names = {u["path"] for u in wanted["units"]}
-        for unit in (live or {}).get("units", []):
-            if unit.get("path") not in names:
-                changed |= _remove(module, unit["path"])
+        files.require_file(state_path, "path")
         for unit in wanted["units"]:
-            changed |= _write(module, unit["path"], unit["content"])
-        changed |= _write(module, params["path"], dump(document))
+            files.require_file(unit["path"], "unit_dir")
+        changed = False
+        if trusted["valid"] and trusted["recipe_hash"] != document["recipe_hash"]:
+            changed |= files.write(previous_path, dump(live), "path")
+        names = {u["path"] for u in wanted["units"]}
+        for unit in trusted["units"]:
+            if unit["path"] not in names:
+                removed, problem = files.remove(unit["path"])
+                changed |= removed
+                refused += [problem] if problem else []
+        for unit in wanted["units"]:
+            changed |= files.write(unit["path"], unit["content"], "unit_dir")
+        changed |= files.write(state_path, dump(document), "path")
         result["changed"] = changed
     elif state == "absent":
         changed = False
-        for unit in (live or {}).get("units", []):
-            changed |= _remove(module, unit["path"])
+        for unit in trusted["units"]:
+            removed, problem = files.remove(unit["path"])
+            changed |= removed
+            refused += [problem] if problem else []
         result["changed"] = changed
     elif live_diff:
         module.fail_json(
@@ -394,16 +510,26 @@ def main():
             + "; ".join(live_diff),
             **result,
         )
-
-    previous = _load(previous_path)
-    result["previous_recipe"] = (previous or {}).get("recipe")
-    result["previous_hash"] = (previous or {}).get("recipe_hash")
+    findings += [
+        finding("F10", "warning", problem, "remove it by hand if it is stale")
+        for problem in refused
+    ]
+    _, _, previous, previous_problems = _load(previous_path, unit_dirs, "serving.previous.json")
+    findings += [
+        finding("F10", "warning", problem, "the rollback has no target until the next update")
+        for problem in previous_problems
+    ]
+    for item in findings:
+        module.warn(f"{item['id']}: {item['message']}")
+    result["previous_recipe"] = previous["recipe"] if not previous_problems else None
+    result["previous_hash"] = previous["recipe_hash"] if not previous_problems else None
     if module._diff:
+        before = dump(live) if live is not None else (live_text or "")[:4096]
         result["diff"] = {
-            "before": dump(live) if live else "",
-            "after": dump(document) if state != "absent" else dump(live or {}),
-            "before_header": params["path"],
-            "after_header": params["path"],
+            "before": before,
+            "after": dump(document) if state != "absent" else before,
+            "before_header": state_path,
+            "after_header": state_path,
         }
     module.exit_json(**result)
 

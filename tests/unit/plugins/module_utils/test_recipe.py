@@ -10,6 +10,7 @@ import pytest
 from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
     Node,
     RecipeError,
+    make_node,
     normalise,
     option_flags,
     parse_help_flags,
@@ -19,6 +20,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe import
     serve_argv,
     unknown_flags,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import ValidationError
 
 HELP = (Path(__file__).parents[2] / "fixtures" / "vllm-0.32.0" / "serve-help-all.txt").read_text()
 FLAGS = parse_help_flags(HELP)
@@ -226,3 +228,91 @@ def test_systemd_mode_needs_no_image():
 def test_deployment_problems_f14_f17(change, expected):
     found = problems(normalise({**FULL, **change}))
     assert [(p["id"], p["blocking"]) for p in found] == expected
+
+
+def test_normalise_canonicalises_validated_values_and_stays_idempotent():
+    recipe = normalise(
+        {
+            **FULL,
+            "cache_dir": "/var/cache/x/",
+            "shm_size": 1073741824,
+            "port": "8001",
+            "served_model_name": ["a", "b"],
+            "ulimits": ["nofile=-1", "memlock=-1:-1"],
+        }
+    )
+    assert recipe["cache_dir"] == "/var/cache/x"
+    assert recipe["shm_size"] == "1073741824"
+    assert recipe["port"] == 8001
+    assert recipe["served_model_name"] == ["a", "b"]
+    assert normalise(recipe) == recipe
+
+
+def test_lab_recipe_passes_validation():
+    """The lab inventory's recipe (inventories/lab/group_vars/all.yml) stays valid."""
+    recipe = normalise(
+        {
+            "model": "localinference/tiny-deepseek",
+            "revision": REV,
+            "served_model_name": "localinference/tiny-deepseek",
+            "deploy_mode": "quadlet",
+            "image": IMAGE,
+            "entrypoint": "/opt/vllm/bin/vllm",
+            "executor_backend": "mp",
+            "tensor_parallel_size": 2,
+            "max_model_len": "plan",
+            "max_num_seqs": 4,
+            "enforce_eager": True,
+            "reasoning_parser": "deepseek_r1",
+            "tool_call_parser": "deepseek_v3",
+            "enable_auto_tool_choice": True,
+            "shm_size": "1g",
+            "ulimits": ["nofile=20000:20000"],
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+        },
+        plan_max_model_len=4096,
+    )
+    assert recipe["max_model_len"] == 4096
+
+
+def test_make_node_validates_every_field():
+    made = make_node(
+        {
+            "host": "spark-head",
+            "rank": "1",
+            "nnodes": 2,
+            "head_address": "10.77.0.11",
+            "address": "",
+            "env": {
+                "VLLM_HOST_IP": "10.77.0.12",
+                "EMPTY": "",
+                "NONE": None,
+                "NCCL_IB_HCA": "mlx5_0,mlx5_1",
+            },
+            "weights_path": "/srv/models/hub/models--x--y/snapshots/" + REV + "/",
+        }
+    )
+    assert made == Node(
+        "spark-head", 1, 2, "10.77.0.11", "",
+        {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "VLLM_HOST_IP": "10.77.0.12"},
+        "/srv/models/hub/models--x--y/snapshots/" + REV,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"host": "a\nb"}, r"^node\.host: contains '\\n' \(a line break\) at position 1"),
+        ({"weights_path": "/srv/../etc"}, r"^node\.weights_path: .*contains '\.\.'"),
+        ({"env": {"A": "1\n2"}}, r"^node\.env\.A: contains '\\n'"),
+        ({"env": "A=1"}, r"^node\.env: expected a dict"),
+        ({"nnodes": 0}, r"^node\.nnodes: 0 is below 1"),
+        ({"head_address": None}, r"^node\.head_address: expected text, got NoneType"),
+    ],
+)
+def test_make_node_refusals_name_the_field(change, message):
+    params = {
+        "host": "h", "rank": 0, "nnodes": 1, "head_address": "10.0.0.1", "weights_path": "/m",
+    }  # fmt: skip
+    with pytest.raises(ValidationError, match=message):
+        make_node({**params, **change})

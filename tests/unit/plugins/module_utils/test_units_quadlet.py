@@ -27,10 +27,13 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe import
     recipe_hash,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._units import (
+    HASH_MARKER,
+    UnitRenderError,
     model_location,
     render_units,
     systemd_quote,
     unit_hash,
+    unit_problems,
 )
 
 ROOT = Path(__file__).parents[4]
@@ -219,3 +222,65 @@ def test_flags_after_the_image_belong_to_vllm():
     ]
     assert podman_options(argv) == argv[:6]
     assert run_time_conflicts(argv) == []
+
+
+def test_service_environment_keeps_dollar_and_doubles_percent():
+    """systemd expands %-specifiers in Environment= but not $VAR; Quadlet copies the
+    assignment into the podman command line, where $ must be doubled."""
+    service = normalise({**RECIPE, "image": None, "deploy_mode": "systemd", "vllm_version": "0.32"})
+    (unit,) = render_units(service, node(0), "h", "/opt/v")["units"]
+    assert 'Environment="ODD=a b \\"c\\" $HOME 50%%"' in unit["content"]
+    (container,) = render_units(normalise(RECIPE), node(0), "h")["units"]
+    assert 'Environment="ODD=a b \\"c\\" $$HOME 50%%"' in container["content"]
+
+
+def test_description_doubles_percent_of_a_served_name():
+    recipe = normalise({**RECIPE, "served_model_name": "tiny-50%"})
+    (unit,) = render_units(recipe, node(0), "h")["units"]
+    assert "Description=vLLM tiny-50%% rank 0/2 on spark-0" in unit["content"]
+    assert unit_problems(unit["content"]) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        # Values that escaped validation (normalise bypassed): the renderer still refuses.
+        ({"served_model_name": "m\n[Service]\nExecStartPre=/bin/touch /tmp/pwned"}, "line break"),
+        ({"image": "x@sha256:0\nExecStartPre=/bin/sh"}, "line break"),
+        ({"shm_size": "1g\\"}, "ends in a backslash"),
+        ({"devices": ["a\rb"]}, "holds '\\r'"),
+    ],
+)
+def test_rendered_units_are_checked_after_rendering(change, problem):
+    recipe = {**normalise(RECIPE), **change}
+    with pytest.raises(UnitRenderError) as caught:
+        render_units(recipe, node(0), "h")
+    message = str(caught.value)
+    assert message.startswith("localinference-vllm.container: "), message
+    assert problem in message and "nothing was written" in message
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (
+            lambda t: t.replace("[Install]", "[Install]\nExecStartPre=/bin/sh"),
+            "template writes in [Install]",
+        ),
+        (
+            lambda t: t.replace("Pull=never", "Pull=never\nPodmanArgs=--privileged\n[X-Evil]"),
+            "[X-Evil]",
+        ),
+        (lambda t: t.replace("Pull=never", "# a comment"), "not a comment the template writes"),
+        (
+            lambda t: t.replace("Pull=never", "Pull=never\n" + HASH_MARKER + "0"),
+            "2 recipe hash headers",
+        ),
+        (lambda t: t.replace("[Unit]", "Description=before any section\n[Unit]"), "in [-]"),
+    ],
+)
+def test_unit_problems_finds_lines_the_template_does_not_write(edit, problem):
+    (unit,) = render_units(normalise(RECIPE), node(0), "h")["units"]
+    assert unit_problems(unit["content"]) == []
+    found = unit_problems(edit(unit["content"]))
+    assert found and any(problem in line for line in found), found

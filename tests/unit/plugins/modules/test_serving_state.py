@@ -156,3 +156,25 @@ def test_refusals(paths, recipe, message):
 def test_rank_outside_cluster(paths):
     out = run_module(serving_state, args(paths, "staged", rank=2))
     assert out.failed and "node.rank 2" in out.result["msg"]
+
+
+def test_clean_node_has_no_findings_and_a_diff(paths):
+    run_module(serving_state, args(paths, "present"))
+    out = run_module(serving_state, {**args(paths, "staged"), "_ansible_diff": True})
+    assert out.result["live_findings"] == []
+    assert out.result["live_matches"] is True
+    assert out.result["diff"]["before"] == out.result["diff"]["after"]
+
+
+def test_malformed_state_document_is_an_f10_difference_not_a_traceback(paths):
+    Path(paths["path"]).parent.mkdir(parents=True)
+    Path(paths["path"]).write_text('{"units": "all of /etc"}')
+    out = run_module(serving_state, args(paths, "verified"))
+    assert out.failed and "F10" in out.result["msg"]
+    assert (
+        "serving.json: units: a string where a list of unit records was expected"
+        in (out.result["differences"])
+    )
+    assert [f["id"] for f in out.result["live_findings"]] == ["F10"] * len(
+        out.result["live_findings"]
+    )
