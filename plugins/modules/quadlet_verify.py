@@ -33,6 +33,12 @@ options:
       - Accept C(--privileged) (reported as a warning). Mirrors the recipe's C(privileged) key.
     type: bool
     default: false
+  timeout:
+    description:
+      - Seconds the generator may take. A generator that does not finish in time is killed and
+        the module fails naming it.
+    type: float
+    default: 60
 author:
   - localinference.vllm developers (@localinference)
 """
@@ -64,6 +70,12 @@ import os
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+    CommandError,
+    CommandTimeout,
+    Runner,
+    timeout_error,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._quadlet import (
     QuadletOutputError,
     exec_start,
@@ -116,9 +128,13 @@ def main():
             "unit_dir": {"type": "path", "required": True},
             "quadlet": {"type": "path", "default": "/usr/libexec/podman/quadlet"},
             "allow_privileged": {"type": "bool", "default": False},
+            "timeout": {"type": "float", "default": 60.0},
         },
         supports_check_mode=True,
     )
+    problem = timeout_error(module.params["timeout"])
+    if problem:
+        module.fail_json(msg=problem, findings=[], stderr="")
     unit_dir = module.params["unit_dir"]
     quadlet = module.params["quadlet"]
     if not (os.path.isfile(quadlet) and os.access(quadlet, os.X_OK)):
@@ -132,15 +148,17 @@ def main():
         why = "does not exist" if not os.path.lexists(unit_dir) else "is not a directory"
         module.fail_json(msg=f"unit_dir: {unit_dir} {why}", findings=[], stderr="")
     expected = set(_container_files(module, unit_dir))
+    runner = Runner(module.params["timeout"], {"QUADLET_UNIT_DIRS": unit_dir})
     try:
-        rc, out, err = module.run_command(
-            [quadlet, "-dryrun"],
-            environ_update={"LC_ALL": "C", "QUADLET_UNIT_DIRS": unit_dir},
-            handle_exceptions=False,
+        rc, out, err = runner.run(
+            [quadlet, "-dryrun"], hint="raise timeout only if the generator is merely slow"
         )
-    except OSError as exc:
+    except CommandTimeout as exc:
+        module.fail_json(msg=f"quadlet: {exc}", findings=[], stderr="")
+    except CommandError as exc:
+        reason = str(exc).split(": ", 1)[-1]
         module.fail_json(
-            msg=f"quadlet: {quadlet} cannot be run ({exc.strerror}); point quadlet at Podman's "
+            msg=f"quadlet: {quadlet} cannot be run ({reason}); point quadlet at Podman's "
             "generator (/usr/libexec/podman/quadlet)",
             findings=[],
             stderr="",

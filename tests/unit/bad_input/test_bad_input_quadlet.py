@@ -21,14 +21,14 @@ from ansible_collections.localinference.vllm.tests.unit.bad_input.test_bad_input
 )
 
 
-def fake_quadlet(tmp_path, stdout="", stderr="", rc=0):
+def fake_quadlet(tmp_path, stdout="", stderr="", rc=0, sleep=0):
     tool = tmp_path / "tool"
     tool.mkdir(exist_ok=True)
     (tool / "out.txt").write_text(stdout)
     (tool / "err.txt").write_text(stderr)
     script = tool / "quadlet"
     script.write_text(
-        f'#!/bin/sh\ncat "$(dirname "$0")/out.txt"\ncat "$(dirname "$0")/err.txt" >&2\nexit {rc}\n'
+        f'#!/bin/sh\ncat "$(dirname "$0")/out.txt"\ncat "$(dirname "$0")/err.txt" >&2\nsleep {sleep}\nexit {rc}\n'
     )
     script.chmod(0o755)
     return str(script)
@@ -74,6 +74,12 @@ QUADLET_CASES = [
      r"produced no service for localinference-vllm\.container"),
     ("generator-no-execstart", lambda t: {"unit_dir": unit_dir(t), "quadlet": fake_quadlet(t, "---localinference-vllm.service---\n[Service]\n")},
      r"produced no ExecStart= for localinference-vllm\.service"),
+    ("generator-hangs", lambda t: {"unit_dir": unit_dir(t), "quadlet": fake_quadlet(t, sleep=30), "timeout": 0.5},
+     r"quadlet: quadlet did not answer within 0\.5 s .*raise timeout only if"),
+    ("timeout-zero", lambda t: {"unit_dir": unit_dir(t), "quadlet": fake_quadlet(t), "timeout": 0},
+     r"timeout must be a positive, finite number of seconds, got 0"),
+    ("timeout-inf", lambda t: {"unit_dir": unit_dir(t), "quadlet": fake_quadlet(t), "timeout": "inf"},
+     r"timeout must be a positive, finite number of seconds, got inf"),
     ("generator-f14", lambda t: {"unit_dir": unit_dir(t), "quadlet": fake_quadlet(t, service(f"{PODMAN} --ipc=host --shm-size 1g x@{DIGEST} serve"))},
      r"localinference-vllm\.service: F14: .*--ipc=host and --shm-size"),
     ("generator-f17", lambda t: {"unit_dir": unit_dir(t), "quadlet": fake_quadlet(t, service(f"{PODMAN} --privileged x@{DIGEST} serve"))},
