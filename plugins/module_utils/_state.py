@@ -263,13 +263,18 @@ def differences(live: Any, wanted: dict[str, Any]) -> list[str]:
     for key in sorted(have.keys() | want.keys()):
         if have.get(key, "<absent>") != want.get(key, "<absent>"):
             lines.append(
-                f"{key[:200]}: node has {_brief(have.get(key, '<absent>'))}, "
+                f"{_printable(key)}: node has {_brief(have.get(key, '<absent>'))}, "
                 f"inventory asks {_brief(want.get(key, '<absent>'))}"
             )
     if len(lines) > MAX_DIFFERENCES:
         more = len(lines) - MAX_DIFFERENCES
         lines = [*lines[:MAX_DIFFERENCES], f"... and {more} more differences"]
     return lines
+
+
+def _printable(key: str, limit: int = 200) -> str:
+    """A flattened key from the node's document, safe to print on one line."""
+    return key[:limit] if key.isprintable() else repr(key[:limit])
 
 
 def _brief(value: Any, limit: int = 300) -> str:

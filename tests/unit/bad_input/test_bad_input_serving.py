@@ -535,3 +535,15 @@ def test_staging_keeps_foreign_files_and_says_so(tmp_path):
     assert foreign.read_text() == "not ours"
     assert any("other.container: not a unit this collection writes" in f["message"]
                for f in out.result["live_findings"])  # fmt: skip
+
+
+def test_node_side_values_are_printed_on_one_line(tmp_path):
+    """A key or value from the node's document cannot break the message into new lines."""
+    assert not run(serving_state, args_for(tmp_path, "present")).failed
+    state = tmp_path / "etc" / "serving.json"
+    document = json.loads(state.read_text())
+    document["recipe"]["x\n[Service]"] = "y\nExecStartPre=/bin/sh"
+    state.write_text(json.dumps(document))
+    out = run(serving_state, args_for(tmp_path, "verified"))
+    assert_refused(out, r"'recipe\.x\\n\[Service\]': node has \"y\\nExecStartPre=/bin/sh\"")
+    assert "\n" not in out.result["msg"]
