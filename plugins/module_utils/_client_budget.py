@@ -31,6 +31,32 @@ class ClientInputError(ValueError):
     """Bad client input; the message names the option."""
 
 
+def _output_too_large(output: int, context: int) -> str:
+    return (
+        f"output_tokens {output} must be below the context {context}: limit.input would be"
+        f" {context - output} (I = L - O); lower output_tokens below {context} or raise"
+        " max_model_len (F8)"
+    )
+
+
+def _count(value: Any, name: str) -> int:
+    """A client limit: a whole, non-negative number of tokens."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value != value  # NaN
+        or value in (float("inf"), float("-inf"))
+        or value < 0
+        or value != int(value)
+        or value >= 2**53
+    ):
+        shown = repr(value)
+        raise ClientInputError(
+            f"{name} must be a whole number of tokens (0 or more), got {shown[:60]}"
+        )
+    return int(value)
+
+
 def default_reserved(output: int) -> int:
     """opencode's default ``compaction.reserved``."""
     return min(RESERVED_CAP, output)
@@ -89,15 +115,21 @@ def plan_client(
         output = output_tokens if output_tokens is not None else min(AUTO_OUTPUT_CAP, context // 4)
         output = max(0, output)
         reserved = default_reserved(output) if reserved_tokens is None else reserved_tokens
+        too_large = output >= context
+        input_limit = max(0, context - output)
         return {
             "context": context,
-            "input": context - output,
+            "input": input_limit,
             "output": output,
             "reserved": reserved,
-            "working_budget": context - output - reserved,
+            "working_budget": input_limit - reserved,
             "prompt_floor": None,
-            "ok": None,
-            "reason": (
+            # Without a floor the budget cannot be judged, but an output that leaves no
+            # input is wrong whatever the floor.
+            "ok": False if too_large else None,
+            "reason": _output_too_large(output, context)
+            if too_large
+            else (
                 "prompt_floor not given: measure usage.prompt_tokens of a real opencode request"
                 " (opencode 1.18.33 sends about 30 KB of system prompt and tool schemas)"
             ),
@@ -109,12 +141,12 @@ def plan_client(
     if auto and output < MIN_OUTPUT:
         output = MIN_OUTPUT
     reserved = default_reserved(output) if reserved_tokens is None else reserved_tokens
-    input_limit = context - output
+    input_limit = max(0, context - output)
     budget = input_limit - reserved
     need = needed_context(prompt_floor, output, reserved_tokens)
     reasons = []
     if output >= context:
-        reasons.append(f"output {output} must be below the context {context}")
+        reasons.append(_output_too_large(output, context))
     if prompt_floor + output > context:
         reasons.append(
             f"prompt floor {prompt_floor} + output {output} = {prompt_floor + output} exceeds the"
@@ -151,14 +183,22 @@ def check_client_limits(
     limits: dict[str, Any], server_context: int, prompt_floor: int | None
 ) -> list[dict[str, str]]:
     """Findings for an existing opencode model config ``{context, input, output, reserved}``."""
+    if not isinstance(limits, dict):
+        raise ClientInputError(f"client_limits must be a dict, got {type(limits).__name__}")
     context = limits.get("context")
     output = limits.get("output")
     if context is None or output is None:
         raise ClientInputError(
             "client_limits needs context and output (opencode's limit.context and limit.output)"
         )
+    context = _count(context, "client_limits.context")
+    output = _count(output, "client_limits.output")
     input_limit = limits.get("input")
     reserved = limits.get("reserved")
+    if input_limit is not None:
+        input_limit = _count(input_limit, "client_limits.input")
+    if reserved is not None:
+        reserved = _count(reserved, "client_limits.reserved")
     budget = working_budget(context, output, input_limit, reserved)
     found: list[dict[str, str]] = []
     if context > server_context:

@@ -14,6 +14,14 @@ as its worst boot. Without ``kv_memory_gib`` the model works in tokens: each
 boot keeps its token count at any L (``a = 0``, one token unit per token),
 which is exact for plain attention and is said to be an assumption otherwise.
 
+Fail closed on evidence that disagrees. Observations of different recipes
+(their ``recipe_hash``) are separate calibrations and are never fitted
+together: with a ``recipe_hash`` to plan for, only that recipe's boots are
+used (when it has any); otherwise every recipe is planned on its own and the
+worst plan wins. Within a calibration the worst observed boot bounds the
+plan: when the fitted cost predicts more tokens for a boot than that boot
+reported, the memory is scaled down until it does not.
+
 This is the one home of the arithmetic: the kv_budget module, the kv filters
 and the calibration benchmark call it.
 """
@@ -81,17 +89,31 @@ class Fit:
         return out
 
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
 def _number(value: Any, name: str, minimum: float = 0.0, strict: bool = False) -> float:
     if isinstance(value, bool) or value is None:
-        raise KvInputError(f"{name} must be a number, got {value!r}")
+        raise KvInputError(f"{name} must be a number, got {_shown(value)}")
     try:
         number = float(value)
-    except (TypeError, ValueError) as exc:
-        raise KvInputError(f"{name} must be a number, got {value!r}") from exc
-    if math.isnan(number) or number < minimum or (strict and number <= minimum):
+    except (TypeError, ValueError, OverflowError):
+        raise KvInputError(f"{name} must be a finite number, got {_shown(value)}") from None
+    if not math.isfinite(number):
+        raise KvInputError(f"{name} must be a finite number, got {_shown(value)}")
+    if number < minimum or (strict and number <= minimum):
         relation = "greater than" if strict else "at least"
-        raise KvInputError(f"{name} must be {relation} {minimum:g}, got {value!r}")
+        raise KvInputError(f"{name} must be {relation} {minimum:g}, got {_shown(value)}")
     return number
+
+
+def _whole(value: Any, name: str, minimum: int = 1) -> int:
+    number = _number(value, name, minimum)
+    if number != int(number) or number >= 2**53:
+        raise KvInputError(f"{name} must be a whole number below 2**53, got {_shown(value)}")
+    return int(number)
 
 
 def normalise_observations(raw: list[Any], name: str = "observations") -> list[dict[str, Any]]:
@@ -110,8 +132,13 @@ def normalise_observations(raw: list[Any], name: str = "observations") -> list[d
                     " kv_tokens as vLLM reported them (see vllm_log_facts)"
                 )
         entry = dict(item)
-        entry["max_model_len"] = int(_number(item["max_model_len"], f"{where}.max_model_len", 1))
-        entry["kv_tokens"] = int(_number(item["kv_tokens"], f"{where}.kv_tokens", 1))
+        entry["max_model_len"] = _whole(item["max_model_len"], f"{where}.max_model_len")
+        entry["kv_tokens"] = _whole(item["kv_tokens"], f"{where}.kv_tokens")
+        recipe = item.get("recipe_hash")
+        if recipe is not None and (not isinstance(recipe, str) or not recipe.strip()):
+            raise KvInputError(
+                f"{where}.recipe_hash must be the recipe's hash (a string), got {_shown(recipe)}"
+            )
         for key in ("kv_memory_gib", "available_kv_gib"):
             if item.get(key) is not None:
                 entry[key] = _number(item[key], f"{where}.{key}", 0.0, strict=True)
@@ -303,6 +330,54 @@ def _floor(value: float, granularity: int) -> int:
     return int(value // granularity) * granularity
 
 
+def calibrations(
+    entries: list[dict[str, Any]], recipe_hash: str | None = None
+) -> tuple[list[tuple[str | None, list[dict[str, Any]]]], list[str]]:
+    """Split observations into calibrations (one per ``recipe_hash``), and say what was done.
+
+    With ``recipe_hash``: that recipe's observations when there are any (the
+    others are left out); none yet, every recipe (the caller plans against the
+    worst). Without: every recipe, each on its own.
+    """
+    groups: dict[str | None, list[dict[str, Any]]] = {}
+    for entry in entries:
+        groups.setdefault(entry.get("recipe_hash"), []).append(entry)
+    notes: list[str] = []
+    named = ", ".join(str(key)[:12] for key in groups if key is not None) or "none"
+    if recipe_hash is not None and recipe_hash in groups:
+        others = sum(len(group) for key, group in groups.items() if key != recipe_hash)
+        if others:
+            notes.append(
+                f"planned on the {len(groups[recipe_hash])} observation(s) of recipe"
+                f" {recipe_hash[:12]}; {others} observation(s) of other recipes were left out"
+                " (a recipe is its own calibration)"
+            )
+        return [(recipe_hash, groups[recipe_hash])], notes
+    if recipe_hash is not None and groups:
+        notes.append(
+            f"no observation of recipe {recipe_hash[:12]} yet: planned against the worst of the"
+            f" recorded recipes ({named}); the next boot calibrates this recipe"
+        )
+    elif len(groups) > 1:
+        notes.append(
+            f"observations of {len(groups)} recipes ({named}"
+            f"{', and entries without recipe_hash' if None in groups else ''}): each is its own"
+            " calibration, never averaged; planned against the worst"
+        )
+    return list(groups.items()), notes
+
+
+def worst_boot_bound(fit: Fit, boots: list[Boot]) -> tuple[float, Boot | None]:
+    """Factor (<= 1) that keeps the fit from promising any boot more tokens than it reported."""
+    factor, bounding = 1.0, None
+    for boot in boots:
+        memory = boot_memory(fit, boot)
+        predicted = predict_concurrency(fit, memory, boot.max_model_len) * boot.max_model_len
+        if predicted > boot.kv_tokens and boot.kv_tokens / predicted < factor:
+            factor, bounding = boot.kv_tokens / predicted, boot
+    return factor, bounding
+
+
 def plan_kv(
     observations: list[Any] | None,
     available_kv_gib: float | None = None,
@@ -313,31 +388,85 @@ def plan_kv(
     model_max_len: int | None = None,
     min_length: int = 0,
     memory_source: str = "available_kv_gib",
+    recipe_hash: str | None = None,
 ) -> dict[str, Any]:
     """The context plan: the largest ``max_model_len`` the worst boot holds.
 
     ``min_length`` is the shortest context the client needs; a preferred
     concurrency is only honoured when it leaves at least that much.
+    ``recipe_hash`` is the recipe being planned (see :func:`calibrations`).
     """
     _number(min_concurrency, "min_concurrency", 0.0, strict=True)
     if preferred_concurrency is not None:
         _number(preferred_concurrency, "preferred_concurrency", 0.0, strict=True)
-    if int(granularity) < 1:
-        raise KvInputError(f"granularity must be a positive integer, got {granularity!r}")
+    if isinstance(granularity, bool) or not isinstance(granularity, int) or granularity < 1:
+        raise KvInputError(f"granularity must be a positive integer, got {_shown(granularity)}")
+    if model_max_len is not None:
+        _whole(model_max_len, "model_max_len", 0)
+        if model_max_len < granularity:
+            raise KvInputError(
+                f"model_max_len {model_max_len} is below granularity {granularity}: no context"
+                " that is a multiple of the granularity fits the model; lower granularity or"
+                " check model_max_len (max_position_embeddings)"
+            )
     if available_kv_gib is not None:
         _number(available_kv_gib, memory_source, 0.0, strict=True)
     if per_token_kib is not None:
         _number(per_token_kib, "per_token_kib", 0.0, strict=True)
-    boots = group_boots(normalise_observations(observations or []))
-    if boots:
-        fit = fit_boots(boots)
-    elif available_kv_gib is None:
+    _number(min_length, "min_length", 0.0)
+    entries = normalise_observations(observations or [])
+    if not entries and available_kv_gib is None:
         raise KvInputError(
             "no observations and no available_kv_gib: pass observations (vllm_log_facts after a"
             " boot, or inventory kv_observations) or available_kv_gib with per_token_kib"
         )
-    else:
-        fit = Fit("tokens", 0.0, 1.0, False, 0, 0, 0.0, [])
+    groups, notes = calibrations(entries, recipe_hash)
+    args = (
+        available_kv_gib,
+        per_token_kib,
+        float(min_concurrency),
+        preferred_concurrency,
+        granularity,
+        model_max_len,
+        min_length,
+        memory_source,
+    )
+    plans = [(key, _plan_calibration(group, *args)) for key, group in groups or [(None, [])]]
+    key, plan = min(
+        plans, key=lambda item: (item[1]["max_model_len"], item[1]["guaranteed_max_model_len"])
+    )
+    plan["model"]["notes"].extend(notes)
+    plan["calibration_recipe_hash"] = key
+    plan["calibrations"] = [
+        {
+            "recipe_hash": other_key,
+            "boots": len(other["boots"]),
+            "max_model_len": other["max_model_len"],
+            "guaranteed_max_model_len": other["guaranteed_max_model_len"],
+            "calibrated": other["calibrated"],
+            "worst_memory": other["memory"]["worst"],
+            "unit": other["model"]["unit"],
+            "chosen": other is plan,
+        }
+        for other_key, other in plans
+    ]
+    return plan
+
+
+def _plan_calibration(
+    entries: list[dict[str, Any]],
+    available_kv_gib: float | None,
+    per_token_kib: float | None,
+    min_concurrency: float,
+    preferred_concurrency: float | None,
+    granularity: int,
+    model_max_len: int | None,
+    min_length: int,
+    memory_source: str,
+) -> dict[str, Any]:
+    """The plan for one calibration (the observations of one recipe)."""
+    boots = group_boots(entries)
+    fit = fit_boots(boots) if boots else Fit("tokens", 0.0, 1.0, False, 0, 0, 0.0, [])
     if available_kv_gib is not None and fit.mode == "tokens":
         if per_token_kib is None:
             raise KvInputError(
@@ -360,6 +489,14 @@ def plan_kv(
     else:
         memories = [boot_memory(fit, boot) for boot in boots]
         source = "observations"
+    factor, bounding = worst_boot_bound(fit, boots)
+    if bounding is not None and factor < 1.0:
+        memories = [memory * factor for memory in memories]
+        fit.notes.append(
+            f"the fit promised the boot at max_model_len {bounding.max_model_len}"
+            f" ({bounding.host or 'unknown host'}) more than its {bounding.kv_tokens} tokens:"
+            f" memory scaled by {factor:.4f} so no boot is planned above what it held"
+        )
     worst = min(memories)
     levels = spread(memories)
     cap = _floor(model_max_len, granularity) if model_max_len else None
@@ -411,6 +548,7 @@ def plan_kv(
         "model": fit.as_dict(),
         "memory_source": source,
         "memory": {k: round(v, 4) for k, v in levels.items()},
+        "worst_boot_bound": round(factor, 6),
         "concurrency": at(chosen)["concurrency"] if chosen else {},
         "kv_tokens": at(chosen)["kv_tokens"] if chosen else {},
         "active_sequences": sequences,

@@ -112,6 +112,13 @@ options:
       - Keys C(shm_size_bytes), C(shm_free_bytes), C(memlock_bytes) (C(-1) or C(unlimited) for no
         limit) and C(mem_available_bytes); missing keys are not checked.
     type: dict
+  recipe_hash:
+    description:
+      - The C(recipe_hash) of the recipe being planned, as the observations record it. Observations
+        of different recipes are separate calibrations and are never fitted together.
+      - When given and some observations carry it, only those are used; otherwise (not given, or no
+        observation of it yet) every recipe is planned on its own and the worst plan wins.
+    type: str
 notes:
   - The arithmetic lives in C(module_utils/_kv_model.py), C(_client_budget.py) and
     C(_recipe_lint.py); the C(localinference.vllm.kv_*) filters call the same code.
@@ -238,6 +245,23 @@ feasible:
   description: True when a context exists and no violation has severity C(error).
   returned: always
   type: bool
+calibration_recipe_hash:
+  description: The C(recipe_hash) of the observations the chosen plan rests on (null for entries without one).
+  returned: when observations or a memory size were given
+  type: str
+calibrations:
+  description:
+    - One entry per recipe found in the observations (C(recipe_hash), C(boots), C(max_model_len),
+      C(guaranteed_max_model_len), C(calibrated), C(worst_memory), C(unit), C(chosen)).
+  returned: when observations or a memory size were given
+  type: list
+  elements: dict
+worst_boot_bound:
+  description:
+    - Factor (at most 1) applied to the memory so that the fit promises no observed boot more tokens
+      than it reported; 1.0 when the fit agrees with every boot.
+  returned: when observations or a memory size were given
+  type: float
 """
 
 import json
@@ -292,6 +316,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "client_limits": {"type": "dict"},
     "recipe": {"type": "dict", "default": {}},
     "host_limits": {"type": "dict"},
+    "recipe_hash": {"type": "str"},
 }
 
 
@@ -387,6 +412,9 @@ def _client_violations(client: dict[str, Any], length: int) -> list[dict[str, st
     floor = client["prompt_floor"]
     if client["ok"] is not False:
         return found
+    if floor is None:
+        # no floor to judge the budget by, but an output that leaves no input is wrong anyway
+        return [{"id": "F8", "severity": "error", "message": client["reason"]}]
     if floor + client["output"] > length:
         found.append(
             {
@@ -514,6 +542,7 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
         model_max_len=params["model_max_len"],
         min_length=min_length,
         memory_source=source,
+        recipe_hash=params.get("recipe_hash"),
     )
     length = plan["max_model_len"]
     served = explicit or length
@@ -544,7 +573,7 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
         )
     violations += lint_scheduling(recipe, scheduled)
     violations += lint_offload(recipe, params["host_limits"])
-    if floor is not None and served > 0:
+    if served > 0:
         violations += _client_violations(client, served)
     if params["client_limits"]:
         violations += check_client_limits(params["client_limits"], served, floor)
