@@ -9,7 +9,8 @@ jumbo pings; RDMA from the stand-ins (lab/standins).
    (``ip link set``); the fabric run fails with "1472 passes while 8972 fails".
    Afterwards the profile is re-activated and a run passes again.
 3. F20: the worker's RoCE v2 GID for its address moves from index 3 to 7; the
-   run passes and publishes NCCL_IB_GID_INDEX 7 for the worker, 3 for the head.
+   run passes and publishes NCCL_IB_GID_INDEX 7 for the worker, 3 for the head,
+   and the worker's saved fabric.json says 7 (3 again after the restoring run).
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from lab.harness import (
     CLUSTER_ADDRESSES,
     CLUSTER_IF,
     CLUSTER_PROFILE,
+    FABRIC_RESULT,
     HEAD,
     HOSTS,
     STANDINS,
     WORKER,
     PlaybookRun,
     exec_on,
+    read_json,
     run_playbook,
 )
 
@@ -96,5 +99,11 @@ def test_f20_gid_index_differs_per_node():
         assert f"spark-worker: {{'VLLM_HOST_IP': '{CLUSTER_ADDRESSES[WORKER]}'" in env_lines
         assert "'NCCL_IB_GID_INDEX': '7'" in env_lines.split("spark-worker: {")[1].split("}")[0]
         assert "'NCCL_IB_GID_INDEX': '3'" in env_lines.split("spark-head: {")[1].split("}")[0]
+        # the saved result (what --tags rollout reads) carries the node's own index
+        assert read_json(WORKER, FABRIC_RESULT)["result"]["env"]["NCCL_IB_GID_INDEX"] == "7"
     finally:
         exec_on(WORKER, *tree)
+    # re-run so the saved result is not left with the moved index
+    again = fabric()
+    assert again.rc == 0, again.tail()
+    assert read_json(WORKER, FABRIC_RESULT)["result"]["gid_index"] == 3
