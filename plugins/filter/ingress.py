@@ -1,0 +1,89 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Ingress filters; the rules live in module_utils/_ingress.py.
+
+- ``ingress_config``: validated routes, the saved result and the Caddyfile for an ingress spec.
+- ``ingress_models_from_state``: the served models and upstreams in the head's ``serving.json``.
+- ``ingress_key_env_file``: the key file's one line (the key is never repeated in an error).
+- ``ingress_listening``: listening sockets parsed from ``ss -Hltnp``.
+- ``ingress_exposure``: findings for engine sockets beyond loopback and the cluster address.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.localinference.vllm.plugins.module_utils import _ingress
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+    ValidationError,
+)
+
+
+def ingress_config(spec: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return _ingress.config(spec)
+    except ValidationError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+def ingress_models_from_state(text: Any, where: str = "serving.json") -> list[dict[str, Any]]:
+    if isinstance(text, (str, bytes)):
+        try:
+            text = json.loads(text)
+        except ValueError as exc:
+            raise AnsibleFilterError(
+                f"{where} is not JSON ({exc}): run the rollout again (--tags rollout) or set ingress_models"
+            ) from None
+    try:
+        return _ingress.models_from_state(text, where)
+    except ValidationError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+def ingress_key_env_file(key: Any, name: str = "ingress_api_key") -> str:
+    try:
+        return _ingress.env_file(name, key)
+    except ValidationError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+def ingress_listening(text: Any) -> list[dict[str, Any]]:
+    return _ingress.parse_listening(text)
+
+
+def ingress_exposure(
+    sockets: list[dict[str, Any]],
+    host: str,
+    upstream_ports: list[int],
+    cluster_addresses: list[str],
+    store_port: int = 29501,
+) -> list[dict[str, Any]]:
+    if not isinstance(sockets, list):
+        raise AnsibleFilterError("ingress_exposure expects the list ingress_listening returns")
+    try:
+        ports = [int(p) for p in upstream_ports]
+    except (TypeError, ValueError):
+        raise AnsibleFilterError(
+            f"upstream_ports must be port numbers, got {upstream_ports!r}"
+        ) from None
+    addresses = [str(a) for a in cluster_addresses if a]
+    return _ingress.exposure(
+        sockets,
+        host=host,
+        upstream_ports=ports,
+        cluster_addresses=addresses,
+        store_port=int(store_port),
+    )
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "ingress_config": ingress_config,
+            "ingress_models_from_state": ingress_models_from_state,
+            "ingress_key_env_file": ingress_key_env_file,
+            "ingress_listening": ingress_listening,
+            "ingress_exposure": ingress_exposure,
+        }

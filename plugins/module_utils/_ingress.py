@@ -1,0 +1,477 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The ingress in front of vLLM: routes, the Caddyfile, the API key, the exposure audit.
+
+One route per served model, path-routed: the served name is the path prefix,
+so ``localinference/tiny-deepseek`` is served at
+``<public_url>/localinference/tiny-deepseek/v1/...`` and an OpenAI client's
+base URL is ``<public_url>/localinference/tiny-deepseek/v1``. A served name may
+contain ``/`` (one path segment per part); every part is URL-safe as it is
+(``A-Z a-z 0-9 . _ ~ -``, RFC 3986 unreserved), so the path needs no
+percent-encoding, and no part may be ``.``, ``..`` or ``v1`` (a route
+``a`` would otherwise swallow ``a/v1``'s). Caddy matches paths without regard
+to case, so two names that differ only in case are refused.
+
+The API key never enters the Caddyfile: Caddy compares the ``Authorization``
+header with ``{env.LOCALINFERENCE_INGRESS_API_KEY}`` at run time, and systemd
+(as root) gives Caddy that variable from the key file (mode 0600, owner root)
+through ``EnvironmentFile=``. Every value rendered into the Caddyfile passes a
+validator first (``_validate`` kinds, or the route-name rule above), so no
+newline, brace, quote or backtick can reach it.
+
+Pure functions: no AnsibleModule, unit-tested on their own.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
+from ansible_collections.localinference.vllm.plugins.module_utils._findings import finding
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+    ValidationError,
+)
+
+KEY_ENV = "LOCALINFERENCE_INGRESS_API_KEY"
+# RFC 6750 b64token characters: safe in an HTTP header, a systemd EnvironmentFile
+# line and a CEL string without any quoting.
+_KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]")
+KEY_MIN, KEY_MAX = 16, 512
+_SEGMENT = re.compile(r"[A-Za-z0-9._~-]+")
+_RESERVED_SEGMENTS = {".", "..", "v1"}
+MAX_NAME = 200
+_PUBLIC_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(?::[0-9]{1,5})?")
+MAX_TIMEOUT = 7 * 24 * 3600
+# What the ingress answers with (OpenAI-style error bodies, so clients show the message).
+_JSON = "application/json"
+
+
+def api_key(name: str, value: Any) -> str:
+    """The API key, checked without ever repeating it in a message."""
+    if not isinstance(value, str):
+        raise ValidationError(
+            name, f"expected text, got {type(value).__name__}", "set the key as a string"
+        )
+    value = value.strip("\n")
+    if len(value) < KEY_MIN:
+        raise ValidationError(
+            name,
+            f"is {len(value)} characters long (at least {KEY_MIN})",
+            "use a longer random key, e.g. `openssl rand -hex 32`",
+        )
+    if len(value) > KEY_MAX:
+        raise ValidationError(
+            name, f"is {len(value)} characters long (at most {KEY_MAX})", "use a shorter key"
+        )
+    for index, char in enumerate(value):
+        if not _KEY_CHARS.fullmatch(char):
+            shown = (
+                "a space"
+                if char == " "
+                else "a control character"
+                if not char.isprintable()
+                else repr(char)
+            )
+            raise ValidationError(
+                name,
+                f"contains {shown} at position {index} (the key itself is not shown)",
+                "use only letters, digits and . _ ~ + / = - (e.g. `openssl rand -hex 32`)",
+            )
+    return value
+
+
+def env_file(name: str, value: Any) -> str:
+    """The key file's content: one ``LOCALINFERENCE_INGRESS_API_KEY=<key>`` line."""
+    return f"{KEY_ENV}={api_key(name, value)}\n"
+
+
+def route_prefix(name: str, served: Any) -> str:
+    """``/localinference/tiny-deepseek`` for the served name ``localinference/tiny-deepseek``."""
+    value = validate.text(name, served, max_length=MAX_NAME, strip_ok=False)
+    for part in value.split("/"):
+        if part == "":
+            raise ValidationError(
+                name,
+                f"{value!r} has an empty path segment (a leading, trailing or doubled '/')",
+                "name the model as vLLM's served_model_name, e.g. org/model",
+            )
+        if part in _RESERVED_SEGMENTS:
+            raise ValidationError(
+                name,
+                f"{value!r} has a segment {part!r}, which the ingress cannot route",
+                "rename the served model (served_model_name) without '.', '..' or 'v1' segments",
+            )
+        bad = next((c for c in part if not _SEGMENT.fullmatch(c)), None)
+        if bad is not None:
+            index = value.index(bad)
+            raise ValidationError(
+                name,
+                f"contains {bad!r} at position {index}, which is not allowed in a route",
+                "use letters, digits, '.', '_', '~', '-' and '/' between parts",
+            )
+    return "/" + value
+
+
+def _upstream(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValidationError(
+            name,
+            f"expected a mapping with host and port, got {validate.shown(value)}",
+            "set {host, port}",
+        )
+    host = validate.host(f"{name}.host", value.get("host") or "127.0.0.1")
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+    port = validate.port(f"{name}.port", value.get("port"))
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return {"host": host, "port": port, "address": shown}
+
+
+def models_from_state(state: Any, where: str = "serving.json") -> list[dict[str, Any]]:
+    """The models the head serves, from its reconciled state (``serving.json``): never trusted.
+
+    Returns ``[{name, upstream: {host, port}}]``; one entry per served name
+    (vLLM accepts a list).
+    """
+    if not isinstance(state, dict) or not isinstance(state.get("recipe"), dict):
+        raise ValidationError(
+            where,
+            "is not the serve role's state (no recipe mapping)",
+            "run the rollout first (--tags rollout) or set ingress_models",
+        )
+    recipe = state["recipe"]
+    names = recipe.get("served_model_name") or recipe.get("model")
+    names = names if isinstance(names, list) else [names]
+    upstream = {"host": recipe.get("host") or "127.0.0.1", "port": recipe.get("port", 8000)}
+    return [{"name": n, "upstream": dict(upstream)} for n in names]
+
+
+def config(spec: dict[str, Any]) -> dict[str, Any]:
+    """Validate the ingress spec and return the routes, the result and the Caddyfile.
+
+    ``spec`` keys: ``models`` (``[{name, upstream: {host, port}}]``), ``listen_address``
+    (empty: every address), ``port``, ``public_url`` (what clients use; empty:
+    ``http://<head>:<port>``), ``head`` (the inventory host, named in error bodies),
+    ``unit`` (the server's systemd unit), ``upstream_timeout`` and ``dial_timeout``
+    (seconds), ``key_path`` (the node's key file, reported only).
+    """
+    if not isinstance(spec, dict):
+        raise ValidationError(
+            "ingress", f"expected a mapping, got {validate.shown(spec)}", "pass a dict"
+        )
+    head = validate.host("ingress head (inventory_hostname)", spec.get("head"))
+    unit = validate.unit_name("ingress_upstream_unit", spec.get("unit"))
+    port = validate.port("ingress_port", spec.get("port"))
+    listen = validate.host("ingress_listen_address", spec.get("listen_address"), allow_empty=True)
+    timeout = validate.integer(
+        "ingress_upstream_timeout", spec.get("upstream_timeout"), minimum=1, maximum=MAX_TIMEOUT
+    )
+    dial = validate.integer(
+        "ingress_dial_timeout", spec.get("dial_timeout"), minimum=1, maximum=600
+    )
+    key_path = validate.path("ingress_key_path", spec.get("key_path"))
+    public = spec.get("public_url") or f"http://{head}:{port}"
+    public = validate.text("ingress_public_url", public, max_length=300, strip_ok=False).rstrip("/")
+    if not _PUBLIC_URL.fullmatch(public):
+        raise ValidationError(
+            "ingress_public_url",
+            f"{public!r} is not a base URL",
+            "use scheme, host and port only, e.g. http://10.0.0.5:8080",
+        )
+    models = spec.get("models")
+    if not isinstance(models, list) or not models:
+        raise ValidationError(
+            "ingress_models",
+            f"expected a non-empty list, got {validate.shown(models)}",
+            "list the served models, or leave it empty to read the head's serving state",
+        )
+    routes: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}
+    for index, model in enumerate(models):
+        where = f"ingress_models[{index}]"
+        if not isinstance(model, dict):
+            raise ValidationError(
+                where, f"expected a mapping, got {validate.shown(model)}", "set {name, upstream}"
+            )
+        prefix = route_prefix(f"{where}.name", model.get("name"))
+        if prefix.lower() in seen:
+            raise ValidationError(
+                f"{where}.name",
+                f"{model['name']!r} has the same route as {seen[prefix.lower()]!r} (Caddy matches paths regardless of case)",
+                "give every served model a distinct name",
+            )
+        seen[prefix.lower()] = model["name"]
+        upstream = _upstream(f"{where}.upstream", model.get("upstream"))
+        routes.append(
+            {
+                "model": model["name"],
+                "prefix": prefix,
+                "base_url": f"{public}{prefix}/v1",
+                "health_url": f"{public}{prefix}/health",
+                "upstream": upstream["address"],
+                "upstream_port": upstream["port"],
+            }
+        )
+    # Longest prefix first: a route never hides a longer one it is a prefix of.
+    routes.sort(key=lambda r: (-len(r["prefix"]), r["prefix"]))
+    site = f"{'[' + listen + ']' if ':' in listen else listen}:{port}" if listen else f":{port}"
+    result = {
+        "listen": site,
+        "public_url": public,
+        "health_url": f"{public}/health",
+        "key_file": key_path,
+        "key_env": KEY_ENV,
+        "unit": unit,
+        "routes": sorted(routes, key=lambda r: r["prefix"]),
+        "base_urls": {r["model"]: r["base_url"] for r in routes},
+        # The first model listed: what a client that needs one URL uses.
+        "endpoint": f"{public}{route_prefix('ingress_models[0].name', models[0]['name'])}/v1",
+        "upstream_timeout": timeout,
+    }
+    return {
+        "result": result,
+        "caddyfile": caddyfile(routes, site=site, head=head, unit=unit, timeout=timeout, dial=dial),
+    }
+
+
+def _json_error(message: str, status: int | str, code: str) -> str:
+    # Backquoted Caddyfile token: the message is built only from validated parts
+    # and this module's own words (no backquote can appear).
+    return (
+        '`{"error": {"message": "'
+        + message
+        + '", "type": "'
+        + code
+        + '", "code": '
+        + str(status)
+        + "}}`"
+    )
+
+
+def caddyfile(
+    routes: list[dict[str, Any]], *, site: str, head: str, unit: str, timeout: int, dial: int
+) -> str:
+    """The whole Caddyfile; ``routes`` come from :func:`config` (validated, longest first)."""
+    journal = f"journalctl -u {unit} -n 200 --no-pager"
+    auth = (
+        "`{env."
+        + KEY_ENV
+        + '} != "" && {http.request.header.Authorization} == "Bearer " + {env.'
+        + KEY_ENV
+        + "}`"
+    )
+    lines = [
+        "# Managed by localinference.vllm (role ingress); the next run replaces it.",
+        "# The API key is not in this file: Caddy reads it from the environment",
+        f"# ({KEY_ENV}), which systemd loads from the 0600 key file.",
+        "{",
+        "\tadmin localhost:2019",
+        "}",
+        "",
+        f"{site} {{",
+        "\troute {",
+        "\t\t# Caddy's own liveness, without the key.",
+        "\t\t@health path /health",
+        "\t\trespond @health `ok` 200",
+    ]
+    for index, route in enumerate(routes):
+        lines += [
+            f"\t\t# {route['model']}: vLLM's /health, without the key.",
+            f"\t\t@health_{index} path {route['prefix']}/health",
+            f"\t\thandle @health_{index} {{",
+            f"\t\t\tvars ingress_model {route['prefix'][1:]}",
+            f"\t\t\tvars ingress_upstream {route['upstream']}",
+            "\t\t\trewrite * /health",
+            f"\t\t\treverse_proxy {route['upstream']} {{",
+            "\t\t\t\ttransport http {",
+            f"\t\t\t\t\tdial_timeout {dial}s",
+            "\t\t\t\t\tresponse_header_timeout 30s",
+            "\t\t\t\t}",
+            "\t\t\t}",
+            "\t\t}",
+        ]
+    lines += [
+        "\t\t# Everything else needs the key; a request without it never reaches vLLM.",
+        f"\t\t@denied not expression {auth}",
+        '\t\theader @denied WWW-Authenticate `Bearer realm="localinference"`',
+        f"\t\theader @denied Content-Type {_JSON}",
+        "\t\trespond @denied "
+        + _json_error(
+            "missing or wrong API key: send the header Authorization: Bearer <key>",
+            401,
+            "invalid_api_key",
+        )
+        + " 401",
+    ]
+    for index, route in enumerate(routes):
+        prefix = route["prefix"]
+        lines += [
+            f"\t\t@route_{index} path {prefix}/v1 {prefix}/v1/*",
+            f"\t\thandle @route_{index} {{",
+            f"\t\t\tvars ingress_model {prefix[1:]}",
+            f"\t\t\tvars ingress_upstream {route['upstream']}",
+            f"\t\t\turi strip_prefix {prefix}",
+            f"\t\t\treverse_proxy {route['upstream']} {{",
+            "\t\t\t\t# The key stops here; vLLM runs without one on loopback.",
+            "\t\t\t\theader_up -Authorization",
+            "\t\t\t\t# Stream every token as it comes (SSE), never buffer.",
+            "\t\t\t\tflush_interval -1",
+            "\t\t\t\ttransport http {",
+            f"\t\t\t\t\tdial_timeout {dial}s",
+            "\t\t\t\t\t# A long prefill sends nothing for minutes (1,028 s to the",
+            "\t\t\t\t\t# first token of a 900K-token prompt on a Spark pair).",
+            f"\t\t\t\t\tresponse_header_timeout {timeout}s",
+            f"\t\t\t\t\tread_timeout {timeout}s",
+            "\t\t\t\t}",
+            "\t\t\t}",
+            "\t\t}",
+        ]
+    names = ", ".join(r["prefix"][1:] for r in sorted(routes, key=lambda r: r["prefix"]))
+    lines += [
+        f"\t\theader Content-Type {_JSON}",
+        "\t\trespond "
+        + _json_error(
+            f"no such route: use /<model>/v1/... with a served model ({names})", 404, "not_found"
+        )
+        + " 404",
+        "\t}",
+        "\thandle_errors {",
+        "\t\t@upstream_down expression `{http.error.status_code} in [502, 503, 504]`",
+        f"\t\theader @upstream_down Content-Type {_JSON}",
+        "\t\trespond @upstream_down "
+        + _json_error(
+            "the vLLM server for model {vars.ingress_model} ({vars.ingress_upstream} on "
+            + head
+            + ") is not answering: it is down, starting or restarting. Look at "
+            + unit
+            + " on "
+            + head
+            + ": systemctl status "
+            + unit
+            + "; "
+            + journal,
+            "{http.error.status_code}",
+            "upstream_unavailable",
+        )
+        + " {http.error.status_code}",
+        "\t\trespond `{http.error.status_code} {http.error.status_text}` {http.error.status_code}",
+        "\t}",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- exposure audit -----------------------------------------------------------
+
+_SS_LINE = re.compile(r"^(?:LISTEN\s+)?\d+\s+\d+\s+(?P<local>\S+)\s+\S+(?:\s+(?P<process>.*))?$")
+_PROCESS = re.compile(r'\(\("(?P<name>[^"]*)"')
+
+
+def parse_listening(text: Any) -> list[dict[str, Any]]:
+    """Listening TCP sockets from ``ss -Hltnp`` (or ``ss -ltnp``): ``{address, port, process}``.
+
+    Lines that do not parse are skipped; garbage never raises.
+    """
+    sockets: list[dict[str, Any]] = []
+    if not isinstance(text, str):
+        return sockets
+    for line in text.splitlines():
+        match = _SS_LINE.match(line.strip())
+        if match is None:
+            continue
+        address, _, port = match.group("local").rpartition(":")
+        if not port.isdigit() or not address:
+            continue
+        address = address.strip("[]").split("%", 1)[0]
+        process = _PROCESS.search(match.group("process") or "")
+        sockets.append(
+            {
+                "address": address,
+                "port": int(port),
+                "process": process.group("name") if process else "",
+            }
+        )
+    return sockets
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _wildcard(address: str) -> bool:
+    return address in ("*", "0.0.0.0", "::")
+
+
+# Engine and Ray processes: these must listen on loopback or the cluster address only.
+_ENGINE = re.compile(r"^(vllm|VLLM::|python|ray|raylet|gcs_server|ray::)", re.IGNORECASE)
+
+
+def exposure(
+    sockets: list[dict[str, Any]],
+    *,
+    host: str,
+    upstream_ports: list[int],
+    cluster_addresses: list[str],
+    store_port: int = 29501,
+) -> list[dict[str, Any]]:
+    """Findings for engine sockets reachable beyond loopback and the cluster link.
+
+    - an upstream (vLLM API) port on any other address: ``error`` (the key is bypassed);
+    - torch's TCPStore (``store_port``) on the wildcard: ``warning`` (PyTorch binds its
+      store server to every address whatever MASTER_ADDR says; a firewall must confine it);
+    - any other engine or Ray socket on another address: ``error``.
+    """
+    allowed = set(cluster_addresses)
+    found: list[dict[str, Any]] = []
+    for sock in sockets:
+        address, port, process = sock["address"], sock["port"], sock["process"]
+        if _is_loopback(address) or address in allowed:
+            continue
+        where = f"{address}:{port}" if ":" not in address else f"[{address}]:{port}"
+        if port in upstream_ports:
+            found.append(
+                finding(
+                    "ingress-bypass",
+                    "error",
+                    f"vLLM's API listens on {where} on {host} ({process or 'unknown process'}): "
+                    "anyone who reaches this address talks to the model without the ingress key",
+                    "bind vLLM to loopback (vllm_recipe.host: 127.0.0.1) and roll out again "
+                    "(--tags rollout)",
+                    host=host,
+                    address=address,
+                    port=port,
+                )
+            )
+        elif port == store_port and _wildcard(address) and process.startswith(("VLLM::", "vllm")):
+            found.append(
+                finding(
+                    "torch-store-wildcard",
+                    "warning",
+                    f"torch's distributed store of the TP ranks listens on {where} on {host}: "
+                    "PyTorch's TCPStore server binds every address (MASTER_ADDR only tells clients "
+                    "where to connect)",
+                    "confine the port to the cluster interface with the node's firewall",
+                    host=host,
+                    address=address,
+                    port=port,
+                )
+            )
+        elif process and _ENGINE.match(process):
+            found.append(
+                finding(
+                    "engine-exposed",
+                    "error",
+                    f"{process} listens on {where} on {host}, outside loopback and the cluster "
+                    f"address ({', '.join(sorted(allowed)) or 'none known'})",
+                    "bind it to loopback or the cluster address",
+                    host=host,
+                    address=address,
+                    port=port,
+                )
+            )
+    return found
