@@ -16,13 +16,13 @@ MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
 .PHONY: help bootstrap system-packages images lab lab-up lab-down lab-clean test test-unit lint sanity \
-        test-molecule test-lab build
+        test-molecule test-lab test-lab-faults build
 
 help:
 	@echo "make lab        build the two-node lab and run site.yml against it (leaves it up)"
 	@echo "make test       unit tests, ansible-lint, ansible-test sanity, molecule test"
 	@echo "make lab-up     create the lab hosts only;  make lab-down  remove the lab"
-	@echo "make test-lab   the lab tests (tests/lab) against a lab made by 'make lab'"
+	@echo "make test-lab   the lab tests (tests/lab: state, then faults) against a lab made by 'make lab'"
 
 $(BIN)/ansible-playbook: requirements.txt
 	bash lab/bin/system-packages
@@ -99,11 +99,31 @@ sanity: bootstrap
 	  $(CURDIR)/$(BIN)/ansible-test sanity --local --python 3.11 --color no \
 	    --skip-test pylint --skip-test shellcheck
 
-test-molecule: images
-	$(MOLECULE) test
+# The lab tests: tests/lab/state is read-only (molecule verify runs it);
+# tests/lab/faults changes the lab and puts it back.
+LAB_PYTEST := $(BIN)/pytest -q -p no:cacheprovider
 
+# molecule test's sequence, one step at a time, with the fault tests between
+# verify and destroy, which runs whatever happens. No $(MAKE) in the chain:
+# `make -n` would run it. LOCALINFERENCE_LAB_REQUIRED: a lab test that cannot
+# reach the lab fails instead of skipping.
+test-molecule: export LOCALINFERENCE_LAB_REQUIRED := 1
+test-molecule: images
+	$(MOLECULE) destroy
+	trap '$(MOLECULE) destroy' EXIT; \
+	  $(MOLECULE) syntax; \
+	  $(MOLECULE) create; \
+	  $(MOLECULE) converge; \
+	  $(MOLECULE) idempotence; \
+	  $(MOLECULE) verify; \
+	  $(LAB_PYTEST) tests/lab/faults
+
+# Against a lab made by `make lab`: the state tests, then the fault tests.
 test-lab: bootstrap
-	$(BIN)/pytest tests/lab -q -p no:cacheprovider
+	$(LAB_PYTEST) tests/lab/state tests/lab/faults
+
+test-lab-faults: bootstrap
+	$(LAB_PYTEST) tests/lab/faults
 
 build: bootstrap
 	$(BIN)/ansible-galaxy collection build --force --output-path $(LAB)
