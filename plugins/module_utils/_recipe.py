@@ -290,7 +290,7 @@ def _normalise(raw: Any, plan_max_model_len: Any) -> dict[str, Any]:
             raise _fail(
                 "max_model_len",
                 "is 'plan' but no plan result is available",
-                "run playbooks/plan.yml first (fact plan_budget on localhost) or set a number",
+                "run the plan stage first (--tags plan; the rollout passes the saved plan) or set a number",
             )
         recipe["max_model_len"] = validate.integer(
             "plan_max_model_len", plan_max_model_len, minimum=1, maximum=MAX_INT

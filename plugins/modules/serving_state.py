@@ -123,7 +123,7 @@ EXAMPLES = r"""
 - name: Render the new recipe into the staging place
   localinference.vllm.serving_state:
     recipe: "{{ vllm_recipe }}"
-    plan_max_model_len: "{{ hostvars['localhost'].plan_budget.max_model_len | default(omit) }}"
+    plan_max_model_len: "{{ serve_plan.max_model_len }}"
     node:
       host: "{{ inventory_hostname }}"
       rank: 0
