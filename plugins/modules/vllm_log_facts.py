@@ -63,7 +63,7 @@ options:
     default: 60
   empty_ok:
     description:
-      - An empty log (no line, or C(-- No entries --) from journalctl) fails the module by default: a
+      - An empty log (no line, or C(-- No entries --) from journalctl) fails the module by default, as a
         misspelled unit or a wrong O(since) reads nothing. With V(true) it is a warning and
         C(vllm_log.empty=true), for a rescue path that must go on to roll back.
     type: bool
