@@ -189,7 +189,7 @@ def test_plan_value_resolves():
         ({"executor_backend": "uni"}, r"vllm_recipe\.executor_backend: unknown backend"),
         (
             {"max_model_len": "plan"},
-            r"max_model_len: is 'plan' but no plan result.*playbooks/plan\.yml",
+            r"max_model_len: is 'plan' but no plan result.*--tags plan",
         ),
         ({"max_model_len": "lots"}, r"max_model_len: expected an integer"),
         ({"max_num_seqs": 0}, r"max_num_seqs: 0 is below 1"),
