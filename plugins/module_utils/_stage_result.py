@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 SCHEMA = 1
-STAGES = ("preflight", "fabric", "plan", "weights", "ingress", "qualify")
+STAGES = ("preflight", "fabric", "plan", "weights", "ingress", "client", "qualify")
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 
 

@@ -31,7 +31,7 @@ options:
     description: The stage whose result this is.
     type: str
     required: true
-    choices: [preflight, fabric, plan, weights, ingress, qualify]
+    choices: [preflight, fabric, plan, weights, ingress, client, qualify]
   state:
     description: C(present) saves O(result); C(read) reads and checks the saved document.
     type: str
