@@ -14,6 +14,26 @@ import math
 import re
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils._log_text import (  # noqa: F401 (re-exported)
+    MAX_LINE,
+    LogEmptyError,
+    LogInputError,
+    check_log_text,
+    decode_log,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._log_text import (
+    NotAVllmNumber as _Garbage,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._log_text import (
+    count as _int,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._log_text import (
+    number as _flt,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._log_text import (
+    unwrap as _unwrap,
+)
+
 GIB = 1024**3
 
 _NUM = r"[\d,]+"
@@ -114,72 +134,6 @@ _ERROR = re.compile(
 )
 
 
-# Longer numbers are no count vLLM prints; they are garbage, and int() of thousands
-# of digits raises ValueError (or hangs), float() of them gives inf.
-MAX_DIGITS = 18
-# Lines longer than this are parsed only up to here: vLLM's longest lines (the
-# non-default args, a traceback's last frame) are a few KiB.
-MAX_LINE = 65536
-
-
-class _Garbage(ValueError):
-    """A line matched a pattern but its number is no number vLLM prints."""
-
-
-class LogInputError(ValueError):
-    """The log cannot be read as text, or is empty; the message names the source."""
-
-
-class LogEmptyError(LogInputError):
-    """The log has no line at all."""
-
-
-def _int(text: str) -> int:
-    digits = text.strip().replace(",", "")
-    if not digits.isascii() or not digits.isdigit() or len(digits) > MAX_DIGITS:
-        raise _Garbage(text[:40])
-    return int(digits)
-
-
-def _flt(text: str) -> float:
-    value = text.strip()
-    if len(value) > 40:
-        raise _Garbage(value[:40])
-    try:
-        number = float(value)
-    except ValueError:
-        raise _Garbage(value) from None
-    if not math.isfinite(number):
-        raise _Garbage(value)
-    return number
-
-
-def decode_log(data: bytes, origin: str) -> str:
-    """The bytes of a log as text; raises LogInputError when they are not text."""
-    nul = data.find(b"\x00")
-    if nul >= 0:
-        raise LogInputError(
-            f"{origin} is not text: NUL byte at offset {nul} (a binary file, or a"
-            " journal file read directly: read it with unit and source=journal)"
-        )
-    text = data.decode("utf-8", errors="replace")
-    undecodable = text.count("\ufffd")
-    if undecodable > max(16, len(text) // 100):
-        raise LogInputError(
-            f"{origin} is not text: {undecodable} of {len(data)} bytes are not UTF-8"
-        )
-    return text
-
-
-def check_log_text(text: str, origin: str) -> None:
-    """Raise LogInputError when ``text`` is empty or not text."""
-    if "\x00" in text:
-        raise LogInputError(f"{origin} is not text: it contains NUL characters")
-    stripped = text.strip()
-    if not stripped or stripped == "-- No entries --":
-        raise LogEmptyError(f"the log is empty: {origin} has no lines")
-
-
 def line_rank(line: str) -> int | None:
     """The rank a log line speaks for (``[rank1]``, ``rank=[1]``, ``Worker_TP1``)."""
     for pattern in _RANK_RES:
@@ -236,35 +190,6 @@ def _finish_boot(boot: dict[str, Any]) -> dict[str, Any]:
     ]
     out["startup_memory"] = _ranked(boot["startup_memory"])
     return out
-
-
-def _unwrap(text: str) -> list[str]:
-    """Lines; a hard-wrapped continuation (starts lower-case) joins its line.
-
-    Linear in the text: the pieces of a line are joined once, and a line
-    stops growing at ``MAX_LINE`` (a log of only lower-case lines would
-    otherwise become one line rebuilt at every step).
-    """
-    joined: list[str] = []
-    pieces: list[str] = []
-    size = 0
-    for line in text.splitlines():
-        if pieces and size < MAX_LINE and "a" <= line[:1] <= "z":
-            pieces[-1] = pieces[-1].rstrip()
-            piece = " " + line.strip()
-            pieces.append(piece)
-            size += len(piece)
-            continue
-        if pieces:
-            joined.append("".join(pieces))
-        # only a non-blank line can be continued
-        pieces = [line] if line.strip() else []
-        size = len(line)
-        if not pieces:
-            joined.append(line)
-    if pieces:
-        joined.append("".join(pieces))
-    return joined
 
 
 def _parse_stats(line: str) -> dict[str, Any] | None:
