@@ -20,6 +20,7 @@ Environment:
 - ``LOCALINFERENCE_LAB_DIR``: the controller's lab directory (``make`` exports
   it; default ``.lab`` in the checkout), where the serve role writes ``endpoint``.
 - ``LOCALINFERENCE_LAB_ENDPOINT``: the endpoint to use instead of that file.
+- ``LOCALINFERENCE_LAB_API_KEY``: the ingress key to send instead of ``.lab/ingress/api-key``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ PLAYBOOKS = ROOT / "playbooks"
 COLLECTIONS = ROOT / ".lab" / "collections"
 LAB_DIR = Path(os.environ.get("LOCALINFERENCE_LAB_DIR") or ROOT / ".lab")
 ENDPOINT_FILE = LAB_DIR / "endpoint"
+# The ingress key (the ingress role creates it, mode 0600; inventories/lab).
+API_KEY_FILE = LAB_DIR / "ingress" / "api-key"
 EXTRA_ARGS = shlex.split(os.environ.get("LOCALINFERENCE_LAB_EXTRA_ARGS", ""))
 
 # The lab inventory (inventories/lab): two hosts, one cluster link.
@@ -65,7 +68,9 @@ STANDINS = "/opt/localinference-standins"
 MODEL = "localinference/tiny-deepseek"
 MODEL_REVISION = "5eed0c0ffee0000000000000000000000000000a"
 MODEL_SNAPSHOT = "/srv/models/hub/models--localinference--tiny-deepseek/snapshots/" + MODEL_REVISION
-DEFAULT_ENDPOINT = "http://127.0.0.1:18000/v1"
+# Caddy on the head (the ingress role), published on the controller's loopback.
+INGRESS_URL = "http://127.0.0.1:18080"
+DEFAULT_ENDPOINT = f"{INGRESS_URL}/{MODEL}/v1"
 VLLM_UNIT = "localinference-vllm.service"
 # What the stages save on the nodes (issue 9: one saved result per stage).
 STATE_DIR = "/etc/localinference"
@@ -400,9 +405,25 @@ def endpoint() -> str:
     return base if base.endswith("/v1") else base + "/v1"
 
 
+def api_key() -> str | None:
+    """The ingress key: ``LOCALINFERENCE_LAB_API_KEY``, else ``.lab/ingress/api-key``, else None."""
+    key = os.environ.get("LOCALINFERENCE_LAB_API_KEY", "").strip()
+    if not key and API_KEY_FILE.is_file():
+        lines = API_KEY_FILE.read_text().splitlines()
+        key = lines[0].strip() if lines else ""
+    return key or None
+
+
+def auth_headers(key: str | None = None) -> dict[str, str]:
+    """``Authorization: Bearer <key>`` with ``key`` or :func:`api_key`; empty without a key."""
+    key = key or api_key()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def served_models(base: str | None = None, timeout: float = 10) -> list[dict[str, Any]]:
     """``GET /v1/models``: the served models (vLLM adds ``max_model_len``)."""
-    with urllib.request.urlopen(f"{base or endpoint()}/models", timeout=timeout) as response:
+    request = urllib.request.Request(f"{base or endpoint()}/models", headers=auth_headers())
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())["data"]
 
 
@@ -436,7 +457,8 @@ def first_token(
             "stream": True,
         }
     ).encode()
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **auth_headers()}
+    request = urllib.request.Request(url, data=body, headers=headers)
     seen: list[str] = []
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
