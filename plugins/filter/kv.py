@@ -7,6 +7,7 @@
 - ``client_budget``: opencode ``limit.*`` and ``compaction.reserved`` for a server context.
 - ``opencode_working_budget``: opencode 1.18.33's compaction trigger for a ``limit.*`` dict.
 - ``kv_scheduled_tokens``: tokens scheduled per step with parallel drafting.
+- ``kv_calibration``: the calibration key of a recipe (what its boots calibrate).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._client_budget
 from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (
     KvInputError,
     boot_memory,
+    calibration_key,
     fit_boots,
     group_boots,
     normalise_observations,
@@ -110,6 +112,10 @@ def kv_scheduled_tokens(
     )
 
 
+def kv_calibration(recipe: dict[str, Any]) -> str | None:
+    return calibration_key(recipe)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -118,4 +124,5 @@ class FilterModule:
             "client_budget": client_budget,
             "opencode_working_budget": opencode_working_budget,
             "kv_scheduled_tokens": kv_scheduled_tokens,
+            "kv_calibration": kv_calibration,
         }

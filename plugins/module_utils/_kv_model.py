@@ -134,11 +134,10 @@ def normalise_observations(raw: list[Any], name: str = "observations") -> list[d
         entry = dict(item)
         entry["max_model_len"] = _whole(item["max_model_len"], f"{where}.max_model_len")
         entry["kv_tokens"] = _whole(item["kv_tokens"], f"{where}.kv_tokens")
-        recipe = item.get("recipe_hash")
-        if recipe is not None and (not isinstance(recipe, str) or not recipe.strip()):
-            raise KvInputError(
-                f"{where}.recipe_hash must be the recipe's hash (a string), got {_shown(recipe)}"
-            )
+        for key in ("recipe_hash", "calibration"):
+            value = item.get(key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise KvInputError(f"{where}.{key} must be a non-empty string, got {_shown(value)}")
         for key in ("kv_memory_gib", "available_kv_gib"):
             if item.get(key) is not None:
                 entry[key] = _number(item[key], f"{where}.{key}", 0.0, strict=True)
@@ -330,10 +329,41 @@ def _floor(value: float, granularity: int) -> int:
     return int(value // granularity) * granularity
 
 
+# What decides the KV bytes one token costs per rank: the model and how it is
+# split and stored. Not max_model_len, not the KV size (the plan's variables),
+# not the ports or parsers. The vLLM version is in each observation.
+CALIBRATION_KEYS = (
+    ("model", None),
+    ("tensor_parallel_size", 1),
+    ("pipeline_parallel_size", 1),
+    ("kv_cache_dtype", "auto"),
+    ("dtype", "auto"),
+    ("quantization", "none"),
+)
+
+
+def calibration_key(recipe: dict[str, Any] | None) -> str | None:
+    """The calibration a recipe's boots belong to (readable, so an inventory can state it)."""
+    if not isinstance(recipe, dict) or not recipe.get("model"):
+        return None
+    return " ".join(
+        f"{key}={recipe.get(key) if recipe.get(key) is not None else default}"
+        for key, default in CALIBRATION_KEYS
+    )
+
+
+def _calibration_of(entry: dict[str, Any]) -> str | None:
+    return entry.get("calibration") or entry.get("recipe_hash")
+
+
 def calibrations(
     entries: list[dict[str, Any]], recipe_hash: str | None = None
 ) -> tuple[list[tuple[str | None, list[dict[str, Any]]]], list[str]]:
-    """Split observations into calibrations (one per ``recipe_hash``), and say what was done.
+    """Split observations into calibrations (one per ``calibration``, else per ``recipe_hash``).
+
+    Boots of recipes that differ only in what the plan varies (max_model_len,
+    the KV size) share a calibration key (:func:`calibration_key`), so they
+    calibrate a + b*L together; older entries without one group by recipe hash.
 
     With ``recipe_hash``: that recipe's observations when there are any (the
     others are left out); none yet, every recipe (the caller plans against the
@@ -341,7 +371,7 @@ def calibrations(
     """
     groups: dict[str | None, list[dict[str, Any]]] = {}
     for entry in entries:
-        groups.setdefault(entry.get("recipe_hash"), []).append(entry)
+        groups.setdefault(_calibration_of(entry), []).append(entry)
     notes: list[str] = []
     named = ", ".join(str(key)[:12] for key in groups if key is not None) or "none"
     if recipe_hash is not None and recipe_hash in groups:

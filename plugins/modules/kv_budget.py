@@ -112,6 +112,14 @@ options:
       - Keys C(shm_size_bytes), C(shm_free_bytes), C(memlock_bytes) (C(-1) or C(unlimited) for no
         limit) and C(mem_available_bytes); missing keys are not checked.
     type: dict
+  calibration:
+    description:
+      - The calibration the recipe's boots belong to, as observations record it in C(calibration)
+        (the model, tensor and pipeline parallel sizes, KV cache dtype, dtype and quantization: what
+        decides the KV bytes per token). Boots of recipes that differ only in C(max_model_len) or the
+        KV size share it, so they calibrate C(a + b*L) together.
+      - Defaults to the key derived from O(recipe) when it names a C(model).
+    type: str
   recipe_hash:
     description:
       - The C(recipe_hash) of the recipe being planned, as the observations record it. Observations
@@ -280,6 +288,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._client_budget
 from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (
     GIB,
     KvInputError,
+    calibration_key,
     concurrency_at,
     normalise_observations,
     plan_kv,
@@ -317,6 +326,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "recipe": {"type": "dict", "default": {}},
     "host_limits": {"type": "dict"},
     "recipe_hash": {"type": "str"},
+    "calibration": {"type": "str"},
 }
 
 
@@ -542,7 +552,9 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
         model_max_len=params["model_max_len"],
         min_length=min_length,
         memory_source=source,
-        recipe_hash=params.get("recipe_hash"),
+        recipe_hash=params.get("recipe_hash")
+        or params.get("calibration")
+        or calibration_key(recipe),
     )
     length = plan["max_model_len"]
     served = explicit or length

@@ -105,7 +105,7 @@ def test_bad_plan_options_are_named(kwargs, named):
         ({"kv_tokens": 1.5}, "observations[0].kv_tokens must be a whole number"),
         ({"max_model_len": "1e400"}, "observations[0].max_model_len must be a finite number"),
         ({"max_model_len": 2**60}, "observations[0].max_model_len must be a whole number below"),
-        ({"recipe_hash": 7}, "observations[0].recipe_hash must be the recipe's hash"),
+        ({"recipe_hash": 7}, "observations[0].recipe_hash must be a non-empty string"),
     ],
 )
 def test_non_finite_observations_never_land(change, named):

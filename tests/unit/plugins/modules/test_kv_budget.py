@@ -320,3 +320,52 @@ def test_without_any_boot_the_plan_lints_and_asks_for_a_first_boot():
         and "explicit vllm_recipe.max_model_len" in planned["violations"][0]["message"]
     )
     assert not planned["feasible"]
+
+
+CAL = (
+    "model=m tensor_parallel_size=2 pipeline_parallel_size=1 kv_cache_dtype=auto dtype=auto"
+    " quantization=none"
+)
+
+
+def test_boots_of_one_calibration_calibrate_together_across_kv_sizes_and_lengths():
+    """The lab's loop: boots of the same model and split at other lengths and KV sizes (their
+    recipe hashes differ) are one calibration; a boot of another split (TP 1) is left out."""
+    boots = [
+        {
+            "recorded_at": "a",
+            "max_model_len": 4096,
+            "kv_tokens": 4194304,
+            "kv_memory_gib": 1.0,
+            "calibration": CAL,
+            "recipe_hash": "h1",
+        },
+        {
+            "recorded_at": "b",
+            "max_model_len": 65536,
+            "kv_tokens": 262144,
+            "kv_memory_gib": 0.0625,
+            "calibration": CAL,
+            "recipe_hash": "h2",
+        },
+        {
+            "recorded_at": "c",
+            "max_model_len": 4096,
+            "kv_tokens": 2097152,
+            "kv_memory_gib": 1.0,
+            "calibration": CAL.replace("tensor_parallel_size=2", "tensor_parallel_size=1"),
+        },
+    ]
+    recipe = {
+        "model": "m",
+        "tensor_parallel_size": 2,
+        "max_model_len": "plan",
+        "kv_cache_memory_bytes": 32 * 1024**2,
+    }
+    result = run_module(
+        kv_budget,
+        {"observations": boots, "recipe": recipe, "min_concurrency": 2.0, "model_max_len": 131072},
+    ).result
+    assert result["calibrated"] and result["calibration_recipe_hash"] == CAL
+    assert result["max_model_len"] == 65536
+    assert any("left out" in note for note in result["model"]["notes"])
