@@ -23,7 +23,18 @@ def test_names():
         "client_budget",
         "opencode_working_budget",
         "kv_scheduled_tokens",
+        "kv_calibration",
     }
+
+
+def test_kv_calibration_names_what_decides_the_bytes_per_token():
+    recipe = {"model": "m", "tensor_parallel_size": 2, "max_model_len": 4096, "port": 8000}
+    assert F["kv_calibration"](recipe) == (
+        "model=m tensor_parallel_size=2 pipeline_parallel_size=1 kv_cache_dtype=auto dtype=auto"
+        " quantization=none"
+    )
+    assert F["kv_calibration"]({**recipe, "max_model_len": 65536}) == F["kv_calibration"](recipe)
+    assert F["kv_calibration"]({}) is None
 
 
 @pytest.mark.parametrize(
