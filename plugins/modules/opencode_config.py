@@ -12,14 +12,14 @@ description:
     C(@ai-sdk/openai-compatible) provider and model into an opencode config file (JSON) without
     losing the user's other providers or keys, with C(limit.context), C(limit.input), C(limit.output)
     and the top-level C(compaction.reserved) chosen by the collection's client budget
-    (opencode 1.18.33's rules: input = context - output, working budget input - reserved at least the
-    prompt floor plus 10,240 tokens). The API key is never written, only C({env:NAME}).
+    (opencode 1.18.33's rules - input is context minus output, and the working budget input minus reserved
+    is at least the prompt floor plus 10,240 tokens). The API key is never written, only C({env:NAME}).
   - With O(state=checked) it judges an existing file and changes nothing.
   - Both fail with failure-catalog ids and the numbers - F8 (C(limit.context) above the server's
     context, input plus output or prompt floor plus output above it), F9 (compaction trigger below the
     prompt floor, or less than 10,240 tokens above it), F7 (the server streams reasoning in a field
     the configured client does not read) - and write nothing then.
-  - The file is rewritten (and RV(changed) is true) only when its parsed content changes; a new file
+  - The file is rewritten (and C(changed) is true) only when its parsed content changes; a new file
     gets mode 0600 (it may sit in a home directory), an existing one keeps its mode.
   - opencode also reads JSONC. O(state=checked) reads it; O(state=present) refuses a file with
     comments, because rewriting it would drop them.
@@ -93,7 +93,7 @@ options:
     type: str
   settings:
     description:
-      - More top-level keys to set, for example C({autoupdate: false, share: disabled}) in a test.
+      - More top-level keys to set, for example C(autoupdate=false) and C(share=disabled) in a test.
         C(provider) and C(compaction) are not allowed here.
     type: dict
     default: {}
@@ -180,8 +180,8 @@ ARGUMENT_SPEC: dict[str, Any] = {
     },
     "base_url": {"type": "str"},
     "api_key_env": {"type": "str", "no_log": False},
-    "output_tokens": {"type": "int"},
-    "reserved_tokens": {"type": "int"},
+    "output_tokens": {"type": "int", "no_log": False},
+    "reserved_tokens": {"type": "int", "no_log": False},
     "client_version": {"type": "str", "default": "1.18.33"},
     "client_reads": {"type": "list", "elements": "str"},
     "provider_name": {"type": "str"},
