@@ -352,6 +352,11 @@ def calibration_key(recipe: dict[str, Any] | None) -> str | None:
     )
 
 
+def _label(key: str) -> str:
+    """A calibration key as written; a recipe hash shortened."""
+    return key if " " in key else key[:12]
+
+
 def _calibration_of(entry: dict[str, Any]) -> str | None:
     return entry.get("calibration") or entry.get("recipe_hash")
 
@@ -373,19 +378,19 @@ def calibrations(
     for entry in entries:
         groups.setdefault(_calibration_of(entry), []).append(entry)
     notes: list[str] = []
-    named = ", ".join(str(key)[:12] for key in groups if key is not None) or "none"
+    named = ", ".join(_label(key) for key in groups if key is not None) or "none"
     if recipe_hash is not None and recipe_hash in groups:
         others = sum(len(group) for key, group in groups.items() if key != recipe_hash)
         if others:
             notes.append(
                 f"planned on the {len(groups[recipe_hash])} observation(s) of recipe"
-                f" {recipe_hash[:12]}; {others} observation(s) of other recipes were left out"
+                f" {_label(recipe_hash)}; {others} observation(s) of other recipes were left out"
                 " (a recipe is its own calibration)"
             )
         return [(recipe_hash, groups[recipe_hash])], notes
     if recipe_hash is not None and groups:
         notes.append(
-            f"no observation of recipe {recipe_hash[:12]} yet: planned against the worst of the"
+            f"no observation of recipe {_label(recipe_hash)} yet: planned against the worst of the"
             f" recorded recipes ({named}); the next boot calibrates this recipe"
         )
     elif len(groups) > 1:
