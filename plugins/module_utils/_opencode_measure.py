@@ -2,10 +2,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What the agent_client role measures, from what the server and the client print.
 
-- The prompt floor: the delta of vLLM's ``vllm:prompt_tokens_total`` counter
-  around one real ``opencode run`` (the server's own count), cross-checked with
-  the per-step ``tokens.input`` opencode prints with ``--format json`` (the
-  ``usage.prompt_tokens`` vLLM streamed back to it).
+- The prompt floor: vLLM's ``usage.prompt_tokens`` of the first request of one
+  real ``opencode run`` (opencode prints it per step with ``--format json``),
+  confirmed by the growth of vLLM's ``vllm:prompt_tokens_total`` counter
+  around the run; the counter delta alone when opencode got no usage.
 - The reasoning field: which delta keys of a streamed chat completion carry text.
 - The answer of an ``opencode run --format json``: text, steps, errors, compaction.
 
@@ -123,10 +123,13 @@ def _error_text(error: Any) -> str:
 def prompt_floor(before: str, after: str, stdout: str, model: str | None = None) -> dict[str, Any]:
     """The first request of one ``opencode run`` in tokens, as the server counted it.
 
-    The counter delta is the floor when the server saw exactly one request in
-    the window (a title request or other traffic makes it more). Otherwise the
-    first step's ``tokens.input`` (vLLM's ``usage.prompt_tokens`` as opencode
-    received it) is used when the counter delta does not contradict it.
+    The first step's ``tokens.input`` is vLLM's ``usage.prompt_tokens`` for
+    exactly that request (opencode asks for usage in the stream); the growth of
+    ``vllm:prompt_tokens_total`` around the run proves the server saw it, and
+    may be larger when other requests ran in the window (a streamed-first-token
+    check aborts and adds prompt tokens without a finished request). Without
+    usage from the client the counter delta is the floor only when the server
+    finished exactly one request in the window.
     """
     prompt_before = metric_total(before, PROMPT_COUNTER, model)
     prompt_after = metric_total(after, PROMPT_COUNTER, model)
@@ -146,7 +149,7 @@ def prompt_floor(before: str, after: str, stdout: str, model: str | None = None)
     delta = int(prompt_after - prompt_before)
     run = run_events(stdout)
     first = run["steps"][0]["input"] if run["steps"] else None
-    result = {
+    result: dict[str, Any] = {
         "metrics_prompt_tokens": delta,
         "metrics_requests": requests,
         "client_first_request_tokens": first,
@@ -156,19 +159,24 @@ def prompt_floor(before: str, after: str, stdout: str, model: str | None = None)
     if delta <= 0:
         raise MeasureError(
             f"{PROMPT_COUNTER} did not grow during the opencode run (delta {delta}); the client"
-            f" reached another server or failed before sending: {'; '.join(run['errors']) or 'no error printed'}"
+            " reached another server or failed before sending:"
+            f" {'; '.join(run['errors']) or 'no error printed'}"
+        )
+    if first is not None and 0 < first <= delta:
+        return {**result, "prompt_floor": first, "source": "usage"}
+    if first is not None and first > delta:
+        raise MeasureError(
+            f"opencode reported {first} input tokens but the server counted only {delta} in the"
+            " window: opencode reached another server; check agent_client_base_url and"
+            " agent_client_metrics_url name the same vLLM"
         )
     if requests == 1:
-        if first is not None and first != delta:
-            result["note"] = f"opencode reported {first} input tokens, the counter {delta}"
         return {**result, "prompt_floor": delta, "source": "metrics"}
-    if first is not None and 0 < first <= delta:
-        return {**result, "prompt_floor": first, "source": "client_usage"}
     raise MeasureError(
         f"cannot isolate opencode's first request: the server counted {delta} prompt tokens in"
-        f" {requests if requests is not None else 'an unknown number of'} requests and opencode"
-        f" reported {first if first is not None else 'no'} input tokens; run the measurement"
-        " again while nothing else uses the server"
+        f" {requests if requests is not None else 'an unknown number of'} finished requests and"
+        " opencode reported no usage (is includeUsage false in its provider options?); run the"
+        " measurement again while nothing else uses the server"
     )
 
 

@@ -52,20 +52,35 @@ def events(*steps: int, error: str | None = None, text: str = "hi") -> str:
 
 FLOOR_CASES: list[dict[str, Any]] = [
     {
-        "name": "one request: the counter delta is the floor",
+        "name": "one request: the server's usage, equal to the counter delta",
         "before": metrics(10, 0),
         "after": metrics(11022, 1),
         "stdout": events(11012),
         "floor": 11012,
+        "source": "usage",
+    },
+    {
+        "name": "an aborted first-token check in the window: usage, not the 20-token larger delta",
+        "before": metrics(10, 0),
+        "after": metrics(11042, 1),
+        "stdout": events(11012),
+        "floor": 11012,
+        "source": "usage",
+    },
+    {
+        "name": "no usage from the client (includeUsage false) and one request: the counter delta",
+        "before": metrics(10, 0),
+        "after": metrics(11022, 1),
+        "stdout": events(0).replace('"input": 0', '"input": null'),
+        "floor": 11012,
         "source": "metrics",
     },
     {
-        "name": "a title request too: opencode's first-step usage, within the delta",
+        "name": "usage larger than what this server counted: another server answered",
         "before": metrics(10, 0),
-        "after": metrics(11400, 2),
+        "after": metrics(110, 1),
         "stdout": events(11012),
-        "floor": 11012,
-        "source": "client_usage",
+        "error": "reached another server",
     },
     {
         "name": "rejected prompt (400): the counter does not grow",
@@ -78,7 +93,7 @@ FLOOR_CASES: list[dict[str, Any]] = [
         "name": "other traffic and no client usage: cannot isolate",
         "before": metrics(10, 0),
         "after": metrics(30000, 3),
-        "stdout": events(0),
+        "stdout": events(0).replace('"input": 0', '"input": null'),
         "error": "cannot isolate",
     },
     {
