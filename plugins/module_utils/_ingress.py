@@ -447,7 +447,9 @@ def exposure(
                     port=port,
                 )
             )
-        elif port == store_port and _wildcard(address) and process.startswith(("VLLM::", "vllm")):
+        # The store is served by whichever rank-0 process holds it: its title is
+        # VLLM::EngineCore on one boot and plain python on another.
+        elif port == store_port and _wildcard(address):
             found.append(
                 finding(
                     "torch-store-wildcard",
