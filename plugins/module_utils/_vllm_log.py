@@ -33,6 +33,23 @@ from ansible_collections.localinference.vllm.plugins.module_utils._log_text impo
 from ansible_collections.localinference.vllm.plugins.module_utils._log_text import (
     unwrap as _unwrap,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._vllm_boot import (
+    DEFAULT_BLOCK_SIZE,
+    error_observations,
+    learn_rank,
+    line_worker,
+    new_start,
+    read_block_size,
+    read_blocks,
+    read_costs,
+    read_engine_config,
+    read_kv_memory,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._vllm_stats import (
+    parse_spec,
+    parse_stats,
+    summarise_stats,
+)
 
 GIB = 1024**3
 
@@ -43,7 +60,7 @@ _VERSION_RES = (
     re.compile(r"vLLM API server version\s+v?(\d+\.\d+[\w.+-]*)"),
     re.compile(r"\bvLLM version\s+v?(\d+\.\d+[\w.+-]*)"),
     re.compile(r"[\u2580-\u259f]\s+version\s+v?(\d+\.\d+[\w.+-]*)"),
-    re.compile(r"Initializing a V\d LLM engine \(v(\d+\.\d+[\w.+-]*)\)"),
+    re.compile(r"Initializing an? (?:V\d )?LLM engine \(v(\d+\.\d+[\w.+-]*)\)"),
 )
 _BOOT_RES = (re.compile(r"non-default args:"),)
 _ARG = re.compile(
@@ -83,12 +100,7 @@ _INSUFFICIENT_OLD = re.compile(
 )
 _ESTIMATED = re.compile(r"estimated maximum model length is (\d+)")
 _NO_KV = re.compile(r"No available memory for the cache blocks")
-_RANK_RES = (
-    re.compile(r"\[rank(\d+)\]"),
-    re.compile(r"\brank=\[?(\d+)\]?"),
-    re.compile(r"\((?:\w+?_)?(?:PP\d+_)?TP(\d+)\b"),
-    re.compile(r"\bWorker[ _]TP(\d+)\b"),
-)
+_STAMP = re.compile(r"\b\d\d-\d\d \d\d:\d\d:\d\d\b")
 _OOM_BYTES = re.compile(r"OOM on device (\d+) while trying to allocate (\d+) bytes")
 _OOM_TORCH = re.compile(rf"out of memory\. Tried to allocate ({_FLT}) (GiB|MiB|KiB)")
 _OOM_ANY = re.compile(r"OutOfMemoryError|out of memory|\bOOM\b", re.IGNORECASE)
@@ -96,29 +108,6 @@ _DIED = re.compile(r"rank=\[?(\d+)\]? died unexpectedly")
 _SCHEDULED = re.compile(
     r"max_num_scheduled_tokens is set to (\d+) based on the speculative decoding settings"
 )
-_STATS_FIELDS = {
-    "prompt_throughput": re.compile(rf"Avg prompt throughput:\s*({_FLT}) tokens/s"),
-    "generation_throughput": re.compile(rf"Avg generation throughput:\s*({_FLT}) tokens/s"),
-    "running": re.compile(r"Running:\s*(\d+) reqs"),
-    "waiting": re.compile(r"(?:Waiting|Pending):\s*(\d+) reqs"),
-    "kv_cache_usage_pct": re.compile(rf"(?:GPU|CPU|XPU) KV cache usage:\s*({_FLT})%"),
-    "prefix_cache_hit_rate_pct": re.compile(
-        rf"(?<!External )(?<!external )Prefix cache hit rate:\s*({_FLT})%"
-    ),
-    "external_prefix_cache_hit_rate_pct": re.compile(
-        rf"External prefix cache hit rate:\s*({_FLT})%"
-    ),
-}
-_SPEC_FIELDS = {
-    "mean_acceptance_length": re.compile(rf"Mean acceptance length:\s*({_FLT})"),
-    "speculative_depth": re.compile(r"Current speculative depth:\s*(\d+)"),
-    "accepted_throughput": re.compile(rf"Accepted throughput:\s*({_FLT}) tokens/s"),
-    "drafted_throughput": re.compile(rf"Drafted throughput:\s*({_FLT}) tokens/s"),
-    "accepted_tokens": re.compile(r"Accepted:\s*(\d+) tokens"),
-    "drafted_tokens": re.compile(r"Drafted:\s*(\d+) tokens"),
-    "draft_acceptance_rate_pct": re.compile(rf"Avg Draft acceptance rate:\s*({_FLT})%"),
-}
-_PER_POSITION = re.compile(r"Per-position acceptance rate:\s*([\d.]+(?:,\s*[\d.]+)*)")
 _CONTEXT_ERROR = re.compile(
     r"maximum context length is (\d+) tokens\. However, you requested (\d+) output tokens"
     r" and your prompt contains at least (\d+) input tokens"
@@ -135,15 +124,11 @@ _ERROR = re.compile(
 
 
 def line_rank(line: str) -> int | None:
-    """The rank a log line speaks for (``[rank1]``, ``rank=[1]``, ``Worker_TP1``)."""
-    for pattern in _RANK_RES:
-        match = pattern.search(line)
-        if match:
-            try:
-                return _int(match.group(1))
-            except _Garbage:
-                return None
-    return None
+    """The rank a log line states (``[rank1]``, ``rank=[1]``, ``Worker_TP1``, ``VllmWorker TP1``)."""
+    try:
+        return line_worker(line, {})[0]
+    except _Garbage:
+        return None
 
 
 def _new_boot(version: str | None) -> dict[str, Any]:
@@ -165,6 +150,15 @@ def _new_boot(version: str | None) -> dict[str, Any]:
         "init_seconds": None,
         "kv_cache_memory_bytes_suggested": {},
         "args": {},
+        "ranks": {},
+        "kv_stamp": None,
+        "kv_cache_reports": 0,
+        "kv_cache_blocks": None,
+        "block_size": None,
+        "kv_report": None,
+        "kv_capacity_tokens": None,
+        "engine_config": {},
+        "start": new_start(),
     }
 
 
@@ -179,83 +173,37 @@ def _boot_started(boot: dict[str, Any]) -> bool:
     )
 
 
-def _ranked(mapping: dict[int, Any]) -> list[Any]:
-    return [mapping[rank] for rank in sorted(mapping)]
+def _by_worker(boot: dict[str, Any], mapping: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Entries in rank order; processes whose rank was never logged last."""
+
+    def order(label: str) -> tuple[bool, int, str]:
+        rank = boot["ranks"].get(label)
+        return rank is None, rank if rank is not None else 0, label
+
+    return [(label, mapping[label]) for label in sorted(mapping, key=order)]
 
 
 def _finish_boot(boot: dict[str, Any]) -> dict[str, Any]:
     out = dict(boot)
-    out["available_kv_gib"] = [
-        {"rank": rank, "gib": gib} for rank, gib in sorted(boot["available_kv_gib"].items())
-    ]
-    out["startup_memory"] = _ranked(boot["startup_memory"])
-    return out
-
-
-def _parse_stats(line: str) -> dict[str, Any] | None:
-    if "throughput" not in line and "Running:" not in line:
-        return None
-    if "SpecDecoding metrics" in line or "Accepted throughput" in line:
-        return None
-    found: dict[str, Any] = {}
-    for key, pattern in _STATS_FIELDS.items():
-        match = pattern.search(line)
-        if match:
-            value = match.group(1)
-            found[key] = _int(value) if key in ("running", "waiting") else _flt(value)
-    return found or None
-
-
-def _parse_spec(line: str) -> dict[str, Any] | None:
-    if "acceptance" not in line and "Drafted" not in line:
-        return None
-    found: dict[str, Any] = {}
-    for key, pattern in _SPEC_FIELDS.items():
-        match = pattern.search(line)
-        if match:
-            value = match.group(1)
-            found[key] = _int(value) if key.endswith(("_tokens", "_depth")) else _flt(value)
-    match = _PER_POSITION.search(line)
-    if match:
-        found["per_position_acceptance"] = [_flt(v) for v in match.group(1).split(",")]
-    return found or None
-
-
-def _summarise_stats(stats: list[dict[str, Any]], spec: list[dict[str, Any]]) -> dict[str, Any]:
-    def peak(rows: list[dict[str, Any]], key: str) -> float | None:
-        values = [row[key] for row in rows if key in row]
-        return max(values) if values else None
-
-    def last(rows: list[dict[str, Any]], key: str) -> float | None:
-        values = [row[key] for row in rows if key in row]
-        return values[-1] if values else None
-
-    single = sorted(
-        row["generation_throughput"]
-        for row in stats
-        if row.get("running") == 1 and row.get("generation_throughput", 0) > 0
-    )
-    median_single = None
-    if single:
-        mid = len(single) // 2
-        median_single = (
-            single[mid] if len(single) % 2 else round((single[mid - 1] + single[mid]) / 2, 2)
+    if boot["kv_cache_blocks"] is not None:
+        out["kv_cache_tokens"] = boot["kv_cache_blocks"] * (
+            boot["block_size"] or DEFAULT_BLOCK_SIZE
         )
-    return {
-        "samples": len(stats),
-        "peak_prompt_throughput": peak(stats, "prompt_throughput"),
-        "peak_generation_throughput": peak(stats, "generation_throughput"),
-        "median_single_request_generation_throughput": median_single,
-        "max_running": peak(stats, "running"),
-        "max_waiting": peak(stats, "waiting"),
-        "peak_kv_cache_usage_pct": peak(stats, "kv_cache_usage_pct"),
-        "last_prefix_cache_hit_rate_pct": last(stats, "prefix_cache_hit_rate_pct"),
-        "peak_prefix_cache_hit_rate_pct": peak(stats, "prefix_cache_hit_rate_pct"),
-        "spec_decode_samples": len(spec),
-        "best_mean_acceptance_length": peak(spec, "mean_acceptance_length"),
-        "best_draft_acceptance_rate_pct": peak(spec, "draft_acceptance_rate_pct"),
-        "last_draft_acceptance_rate_pct": last(spec, "draft_acceptance_rate_pct"),
+    out["block_size_source"] = (
+        None if boot["kv_cache_blocks"] is None else ("log" if boot["block_size"] else "default")
+    )
+    out["available_kv_gib"] = [
+        {"rank": boot["ranks"].get(label), "worker": label, "gib": gib}
+        for label, gib in _by_worker(boot, boot["available_kv_gib"])
+    ]
+    out["startup_memory"] = [entry for _, entry in _by_worker(boot, boot["startup_memory"])]
+    out["constant_per_token"] = boot["kv_report"] == "blocks" or bool(boot["kv_capacity_tokens"])
+    out["start_costs"] = {
+        **boot["start"],
+        "init_seconds": boot["init_seconds"],
+        "profiling_skipped": boot["profiling_skipped"],
     }
+    return out
 
 
 def context_rejection(line: str) -> dict[str, Any] | None:
@@ -277,6 +225,50 @@ def context_rejection(line: str) -> dict[str, Any] | None:
     }
 
 
+def _read_capacity(line: str, boot: dict[str, Any]) -> bool:
+    """Read a capacity report into ``boot``; True (and nothing read) when it starts a new boot.
+
+    A second report is a new boot, unless it carries the first one's timestamp:
+    then the engine printed one per rank or KV group (Ray with pipeline
+    parallelism does), and the smallest is the boot's capacity.
+    """
+    size = _KV_SIZE.search(line)
+    blocks = None if size else read_blocks(line)
+    concurrency = _CONCURRENCY.search(line)
+    if not (size or blocks or concurrency):
+        return False
+    stamp_match = _STAMP.search(line)
+    stamp = stamp_match.group(0) if stamp_match else None
+    same = stamp is not None and stamp == boot["kv_stamp"]
+    known = boot["kv_cache_tokens"] is not None or boot["kv_cache_blocks"] is not None
+    if not same and (
+        ((size or blocks) and known) or (concurrency and boot["max_concurrency"] is not None)
+    ):
+        return True
+    if size:
+        boot["kv_cache_device"] = size.group(1)
+        boot["kv_cache_tokens"] = _smallest(boot["kv_cache_tokens"], _int(size.group(2)))
+        boot["kv_report"] = boot["kv_report"] or "tokens"
+    if blocks:
+        boot["kv_cache_device"] = blocks[0]
+        boot["kv_cache_blocks"] = _smallest(boot["kv_cache_blocks"], blocks[1])
+        boot["kv_cache_tokens"] = boot["kv_cache_blocks"] * (
+            boot["block_size"] or DEFAULT_BLOCK_SIZE
+        )
+        boot["kv_report"] = "blocks"
+    if size or blocks:
+        boot["kv_cache_reports"] += 1
+    if concurrency:
+        boot["concurrency_max_model_len"] = _int(concurrency.group(1))
+        boot["max_concurrency"] = _smallest(boot["max_concurrency"], _flt(concurrency.group(2)))
+    boot["kv_stamp"] = boot["kv_stamp"] or stamp
+    return False
+
+
+def _smallest(current: Any, value: Any) -> Any:
+    return value if current is None else min(current, value)
+
+
 def parse_log(text: str) -> dict[str, Any]:
     """Everything this collection reads from a vLLM log, as one dict.
 
@@ -296,6 +288,7 @@ def parse_log(text: str) -> dict[str, Any]:
     http: dict[str, int] = {}
     errors: list[str] = []
     unparsed: list[str] = []
+    pid_ranks: dict[str, int] = {}
 
     def new_boot() -> None:
         nonlocal boot
@@ -308,7 +301,11 @@ def parse_log(text: str) -> dict[str, Any]:
         if not line:
             continue
         try:
-            rank = line_rank(line)
+            learn_rank(line, pid_ranks)
+            rank, worker = line_worker(line, pid_ranks)
+            if worker is None:
+                rank, worker = 0, "TP0"
+            boot["ranks"].setdefault(worker, rank)
             for pattern in _VERSION_RES:
                 match = pattern.search(line)
                 if match:
@@ -326,24 +323,22 @@ def parse_log(text: str) -> dict[str, Any]:
                     # explicit KV bytes: vLLM skips profiling (GPU builds also say so in words)
                     boot["profiling_skipped"] = True
                     boot["kv_reserved_gib"] = round(boot["args"]["kv_cache_memory_bytes"] / GIB, 4)
-            match = _KV_SIZE.search(line)
-            if match:
-                if boot["kv_cache_tokens"] is not None:
-                    new_boot()
-                boot["kv_cache_device"] = match.group(1)
-                boot["kv_cache_tokens"] = _int(match.group(2))
-            match = _CONCURRENCY.search(line)
-            if match:
-                if boot["max_concurrency"] is not None:
-                    new_boot()
-                boot["concurrency_max_model_len"] = _int(match.group(1))
-                boot["max_concurrency"] = _flt(match.group(2))
+            for key, value in read_engine_config(line).items():
+                boot["engine_config"].setdefault(key, value)
+            size = read_block_size(line)
+            if size:
+                boot["block_size"] = size
+            if _read_capacity(line, boot):
+                new_boot()
+                _read_capacity(line, boot)
             match = _AVAILABLE_KV.search(line)
-            if match:
-                key = rank if rank is not None else 0
-                if boot["kv_cache_tokens"] is not None:
+            memory = _flt(match.group(1) or match.group(2)) if match else read_kv_memory(line)
+            if memory is not None:
+                if boot["kv_cache_tokens"] is not None or boot["kv_cache_blocks"] is not None:
                     new_boot()
-                boot["available_kv_gib"][key] = _flt(match.group(1) or match.group(2))
+                    boot["ranks"][worker] = rank
+                boot["available_kv_gib"][worker] = memory
+            read_costs(line, boot["start"])
             match = _SKIPPED.search(line)
             if match:
                 boot["profiling_skipped"] = True
@@ -351,7 +346,8 @@ def parse_log(text: str) -> dict[str, Any]:
             match = _FREE_MEM.search(line)
             if match:
                 entry: dict[str, Any] = {
-                    "rank": rank if rank is not None else 0,
+                    "rank": rank,
+                    "worker": worker,
                     "device": match.group("device"),
                     "free_gib": _flt(match.group("free")),
                     "total_gib": _flt(match.group("total")),
@@ -367,12 +363,12 @@ def parse_log(text: str) -> dict[str, Any]:
                         non_torch_gib=_flt(usage.group(3)),
                         cudagraph_gib=_flt(usage.group(4)),
                     )
-                boot["startup_memory"][entry["rank"]] = entry
+                boot["startup_memory"][worker] = entry
             match = _CPU_KV_MEM.search(line)
             if match:
-                key = rank if rank is not None else 0
-                boot["startup_memory"][key] = {
-                    "rank": key,
+                boot["startup_memory"][worker] = {
+                    "rank": rank,
+                    "worker": worker,
                     "device": f"node {match.group('device')}",
                     "free_gib": _flt(match.group("free")),
                     "total_gib": _flt(match.group("total")),
@@ -399,6 +395,7 @@ def parse_log(text: str) -> dict[str, Any]:
                     "kv_available_gib": None,
                 }
                 boot["estimated_max_model_len"] = _int(match.group(2))
+                boot["kv_capacity_tokens"] = _int(match.group(2))
             if _NO_KV.search(line):
                 boot["insufficient"] = {
                     "requested_max_model_len": None,
@@ -415,10 +412,10 @@ def parse_log(text: str) -> dict[str, Any]:
             match = _INIT_TIME.search(line)
             if match:
                 boot["init_seconds"] = _flt(match.group(1))
-            row = _parse_stats(line)
+            row = parse_stats(line)
             if row:
                 stats.append(row)
-            row = _parse_spec(line)
+            row = parse_spec(line)
             if row:
                 spec.append(row)
             rejection = context_rejection(line)
@@ -473,9 +470,19 @@ def parse_log(text: str) -> dict[str, Any]:
         "scheduled_tokens": result["scheduled_tokens"],
         "init_seconds": result["init_seconds"],
         "args": result["args"],
+        "engine_config": result["engine_config"],
+        "kv_report": result["kv_report"],
+        "kv_cache_blocks": result["kv_cache_blocks"],
+        "block_size": result["block_size"]
+        or (DEFAULT_BLOCK_SIZE if result["kv_cache_blocks"] else None),
+        "block_size_source": result["block_size_source"],
+        "kv_cache_reports": result["kv_cache_reports"],
+        "kv_capacity_tokens": result["kv_capacity_tokens"],
+        "constant_per_token": result["constant_per_token"],
+        "start_costs": result["start_costs"],
         "stats": stats,
         "spec_decode": spec,
-        "stats_summary": _summarise_stats(stats, spec),
+        "stats_summary": summarise_stats(stats, spec),
         "context_errors": context_errors,
         "context_limits": sorted(set(context_limits)),
         "offload_mmaps": mmaps,
@@ -530,9 +537,20 @@ def _boot_summary(boot: dict[str, Any]) -> dict[str, Any]:
         "profiling_skipped",
         "kv_reserved_gib",
         "estimated_max_model_len",
+        "kv_capacity_tokens",
+        "kv_report",
+        "constant_per_token",
     )
     summary = {key: boot[key] for key in keys}
-    summary["kv_insufficient"] = bool(boot["insufficient"])
+    insufficient = boot["insufficient"] or {}
+    summary["kv_insufficient"] = bool(insufficient)
+    for key in ("requested_max_model_len", "kv_needed_gib", "kv_available_gib"):
+        summary[key] = insufficient.get(key)
+    summary["max_model_len"] = (
+        boot["concurrency_max_model_len"]
+        or boot["args"].get("max_model_len")
+        or boot["engine_config"].get("max_model_len")
+    )
     summary["oom_rank"] = boot["oom"][0]["rank"] if boot["oom"] else None
     return summary
 
@@ -544,36 +562,63 @@ def to_observations(
     recipe_hash: str | None = None,
     kv_memory_gib: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Observation entries (one per rank) for the last boot that reported capacity.
+    """Observation entries for the last boot that reported capacity or failed for lack of KV.
 
-    ``kv_memory_gib`` is the KV memory per rank when the caller knows it (for
-    example ``VLLM_CPU_KVCACHE_SPACE`` or explicit ``kv_cache_memory_bytes``);
-    otherwise the boot's reserved or available KV memory is used when logged.
+    A boot that started gives one entry per rank (``source: boot``). A start that
+    failed for KV gives the calibration points of its error (``source:
+    error_report``, see ``_vllm_boot.error_observations``); a V0 failure that
+    logged its capacity gives that capacity. ``kv_memory_gib`` is the KV memory
+    per rank when the caller knows it (for example ``VLLM_CPU_KVCACHE_SPACE`` or
+    explicit ``kv_cache_memory_bytes``); otherwise the boot's reserved or
+    available KV memory is used when logged. Entries of V0-style reports (blocks,
+    capacity in tokens) carry ``constant_per_token: true``: their token count
+    does not depend on ``max_model_len``.
     """
-    boot = next((b for b in reversed(parsed["boots"]) if b["kv_cache_tokens"] is not None), None)
-    if boot is None or boot["concurrency_max_model_len"] is None:
+    boot = next(
+        (
+            b
+            for b in reversed(parsed["boots"])
+            if b["kv_cache_tokens"] is not None or b["kv_insufficient"]
+        ),
+        None,
+    )
+    if boot is None:
         return []
-    per_rank = {entry["rank"]: entry["gib"] for entry in boot["available_kv_gib"]}
-    ranks = sorted(per_rank) or [0]
+    base = {
+        "recorded_at": recorded_at,
+        "recipe_hash": recipe_hash,
+        "host": host,
+        "rank": None,
+        "version": boot["version"],
+        "profiling_skipped": boot["profiling_skipped"],
+    }
+    if boot["kv_cache_tokens"] is None:
+        return error_observations(boot, base, kv_memory_gib)
+    if boot["max_model_len"] is None:
+        return []
+    per_worker = {entry["worker"]: entry for entry in boot["available_kv_gib"]}
     entries = []
-    for rank in ranks:
+    for worker in per_worker or [None]:
+        logged = per_worker.get(worker)
         memory = kv_memory_gib
         if memory is None:
-            memory = boot["kv_reserved_gib"] if boot["profiling_skipped"] else per_rank.get(rank)
+            memory = boot["kv_reserved_gib"] if boot["profiling_skipped"] else None
+            memory = memory if memory is not None else (logged or {}).get("gib")
         entry: dict[str, Any] = {
-            "recorded_at": recorded_at,
-            "recipe_hash": recipe_hash,
-            "host": host,
-            "rank": rank,
-            "version": boot["version"],
-            "max_model_len": boot["concurrency_max_model_len"],
+            **base,
+            "rank": logged["rank"] if logged else 0,
+            "max_model_len": boot["max_model_len"],
             "kv_tokens": boot["kv_cache_tokens"],
             "max_concurrency": boot["max_concurrency"],
-            "profiling_skipped": boot["profiling_skipped"],
+            "source": "error_report" if boot["kv_insufficient"] else "boot",
         }
-        if rank in per_rank:
-            entry["available_kv_gib"] = per_rank[rank]
-        if memory is not None:
+        if logged and logged["worker"] != f"TP{logged['rank']}":
+            entry["worker"] = logged["worker"]
+        if boot["constant_per_token"]:
+            entry["constant_per_token"] = True
+        if logged and logged["gib"] > 0:
+            entry["available_kv_gib"] = logged["gib"]
+        if memory is not None and memory > 0:
             entry["kv_memory_gib"] = memory
         entries.append(entry)
     return entries

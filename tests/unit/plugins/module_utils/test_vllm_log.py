@@ -44,12 +44,12 @@ LINES = [
     pytest.param(
         J
         + "(Worker_TP0 pid=264) INFO 08-04 02:44:21 [gpu_worker.py:617] Available KV cache memory: 8.59 GiB",
-        {"available_kv_gib": [{"rank": 0, "gib": 8.59}]},
+        {"available_kv_gib": [{"rank": 0, "worker": "TP0", "gib": 8.59}]},
         id="seed002-available",
     ),
     pytest.param(
         "(Worker_TP1 pid=265) INFO Available KV cache memory: 7.25 GiB",
-        {"available_kv_gib": [{"rank": 1, "gib": 7.25}]},
+        {"available_kv_gib": [{"rank": 1, "worker": "TP1", "gib": 7.25}]},
         id="rank1-available",
     ),
     pytest.param(
@@ -104,6 +104,7 @@ LINES = [
             "startup_memory": [
                 {
                     "rank": 0,
+                    "worker": "TP0",
                     "device": "cuda:0",
                     "free_gib": 15.32,
                     "total_gib": 22.04,
@@ -152,7 +153,7 @@ def test_seed002_excerpt() -> None:
     assert parsed["version"].startswith("0.11.2.dev280+gilded.gnosis")
     assert (parsed["kv_cache_tokens"], parsed["max_concurrency"]) == (285336, 1.09)
     assert parsed["concurrency_max_model_len"] == 262144
-    assert parsed["available_kv_gib"] == [{"rank": 0, "gib": 8.59}]
+    assert parsed["available_kv_gib"] == [{"rank": 0, "worker": "TP0", "gib": 8.59}]
     memory = parsed["startup_memory"][0]
     assert (memory["free_gib"], memory["total_gib"], memory["requested_utilization"]) == (
         93.73,
@@ -346,7 +347,7 @@ def test_real_cpu_insufficient_kv():
 def test_real_cpu_calibration_boot():
     parsed = parse_log((FIXTURES / "cpu-calibration-2g-8192.log").read_text())
     assert (parsed["kv_cache_tokens"], parsed["max_concurrency"]) == (4194304, 512.0)
-    assert parsed["available_kv_gib"] == [{"rank": 0, "gib": 2.0}]
+    assert parsed["available_kv_gib"] == [{"rank": 0, "worker": "TP0", "gib": 2.0}]
     assert parsed["errors"] == []
 
 
@@ -367,5 +368,5 @@ def test_real_tp2_head_and_worker():
     worker = FIXTURES / "real-cpu-tp2-mp-worker-kv1g-len4096.log"
     on_head = parse_log(head.read_text())
     assert (on_head["kv_cache_tokens"], on_head["max_concurrency"]) == (4194304, 1024.0)
-    assert on_head["available_kv_gib"] == [{"rank": 0, "gib": 1.0}]
-    assert parse_log(worker.read_text())["available_kv_gib"] == [{"rank": 1, "gib": 1.0}]
+    assert on_head["available_kv_gib"] == [{"rank": 0, "worker": "TP0", "gib": 1.0}]
+    assert parse_log(worker.read_text())["available_kv_gib"] == [{"rank": 1, "worker": "TP1", "gib": 1.0}]
