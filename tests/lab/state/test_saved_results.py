@@ -32,7 +32,8 @@ def test_the_served_context_is_the_saved_plans_choice(plan):
 def test_the_plan_was_made_from_recorded_boots_and_the_weakest_rank(plan):
     assert plan["calibrated"] and len(plan["boots"]) >= 2
     assert plan["memory_source"] == "recipe.kv_cache_memory_bytes"
-    assert plan["weakest_rank"]["host"] in HOSTS and plan["weakest_rank"]["fits"] is True
+    # The weakest rank was checked; its name is saved only when the pinned KV does not fit.
+    assert plan["weakest_rank"] == {"fits": True}
 
 
 def test_every_node_saved_its_fabric_and_preflight_results(lab_hosts):
