@@ -28,16 +28,45 @@ and the calibration benchmark call it.
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils._kv_calibration import (  # noqa: F401 (re-exported)
+    CALIBRATION_KEYS,
+    calibration_key,
+    calibrations,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._kv_input import (  # noqa: F401 (re-exported)
+    SOURCES,
+    KvInputError,
+    _number,
+    _shown,
+    _whole,
+    normalise_observations,
+)
+
 GIB = 1024**3
 
 
-class KvInputError(ValueError):
-    """Bad input; the message names the option and the fix."""
+# How a plan's per-request cost a + b*L was found (model.calibration):
+#   two_points          boots at two or more max_model_len with KV memory: a and b fitted
+#   error_report        a not-enough-KV error's two points (needed at the requested length,
+#                       available at vLLM's estimate) separate a from b
+#   single_boot_bounded one max_model_len with memory: a and b inseparable; no context above
+#                       the longest observed to hold the concurrency at that memory
+#   tokens_only         no KV memory in the observations: tokens per boot, bounded the same way
+#   constant_per_token  the cost per token is known constant (plain attention, V0 block
+#                       reports, or constant_per_token: true): a = 0, extrapolation is exact
+#   per_token_kib       no observation; the cost per token given by per_token_kib
+CALIBRATIONS = (
+    "two_points",
+    "error_report",
+    "single_boot_bounded",
+    "tokens_only",
+    "constant_per_token",
+    "per_token_kib",
+)
 
 
 @dataclass
@@ -52,6 +81,10 @@ class Boot:
     host: str | None
     version: str | None
     profiling_skipped: bool
+    source: str = "boot"
+    constant_per_token: bool = False
+    # False for an error report's "needed" point: memory vLLM computed, no rank had it
+    memory_observed: bool = True
 
 
 @dataclass
@@ -66,6 +99,9 @@ class Fit:
     distinct_lengths: int
     fit_error: float  # largest relative error of predicted tokens over the observations
     notes: list[str] = field(default_factory=list)
+    # how a and b were found (see CALIBRATIONS); "bounded" plans never extrapolate
+    calibration: str = "tokens_only"
+    bounded: bool = False
 
     def per_request(self, length: int) -> float:
         return self.a + self.b * length
@@ -81,68 +117,13 @@ class Fit:
             "points": self.points,
             "distinct_lengths": self.distinct_lengths,
             "fit_error": round(self.fit_error, 6),
+            "calibration": self.calibration,
             "notes": list(self.notes),
         }
         if self.mode == "memory" and self.b > 0:
             out["tokens_per_gib"] = round(1.0 / self.b, 1)
             out["kib_per_token"] = round(self.b * 1024 * 1024, 3)
         return out
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:60] + "..."
-
-
-def _number(value: Any, name: str, minimum: float = 0.0, strict: bool = False) -> float:
-    if isinstance(value, bool) or value is None:
-        raise KvInputError(f"{name} must be a number, got {_shown(value)}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise KvInputError(f"{name} must be a finite number, got {_shown(value)}") from None
-    if not math.isfinite(number):
-        raise KvInputError(f"{name} must be a finite number, got {_shown(value)}")
-    if number < minimum or (strict and number <= minimum):
-        relation = "greater than" if strict else "at least"
-        raise KvInputError(f"{name} must be {relation} {minimum:g}, got {_shown(value)}")
-    return number
-
-
-def _whole(value: Any, name: str, minimum: int = 1) -> int:
-    number = _number(value, name, minimum)
-    if number != int(number) or number >= 2**53:
-        raise KvInputError(f"{name} must be a whole number below 2**53, got {_shown(value)}")
-    return int(number)
-
-
-def normalise_observations(raw: list[Any], name: str = "observations") -> list[dict[str, Any]]:
-    """Validate observation entries; errors name the entry and field."""
-    if not isinstance(raw, list):
-        raise KvInputError(f"{name} must be a list of observation dicts")
-    entries = []
-    for index, item in enumerate(raw):
-        where = f"{name}[{index}]"
-        if not isinstance(item, dict):
-            raise KvInputError(f"{where} must be a dict with max_model_len and kv_tokens")
-        for required in ("max_model_len", "kv_tokens"):
-            if item.get(required) is None:
-                raise KvInputError(
-                    f"{where}.{required} is missing: each observation needs max_model_len and"
-                    " kv_tokens as vLLM reported them (see vllm_log_facts)"
-                )
-        entry = dict(item)
-        entry["max_model_len"] = _whole(item["max_model_len"], f"{where}.max_model_len")
-        entry["kv_tokens"] = _whole(item["kv_tokens"], f"{where}.kv_tokens")
-        for key in ("recipe_hash", "calibration"):
-            value = item.get(key)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise KvInputError(f"{where}.{key} must be a non-empty string, got {_shown(value)}")
-        for key in ("kv_memory_gib", "available_kv_gib"):
-            if item.get(key) is not None:
-                entry[key] = _number(item[key], f"{where}.{key}", 0.0, strict=True)
-        entries.append(entry)
-    return entries
 
 
 def group_boots(observations: list[dict[str, Any]]) -> list[Boot]:
@@ -155,7 +136,9 @@ def group_boots(observations: list[dict[str, Any]]) -> list[Boot]:
     for index, entry in enumerate(observations):
         stamp = entry.get("recorded_at")
         key = (
-            f"{stamp}|{entry.get('recipe_hash')}|{entry['max_model_len']}" if stamp else f"#{index}"
+            f"{stamp}|{entry.get('recipe_hash')}|{entry['max_model_len']}|{entry.get('error_point')}"
+            if stamp
+            else f"#{index}"
         )
         grouped.setdefault(key, []).append(entry)
     boots = []
@@ -176,6 +159,9 @@ def group_boots(observations: list[dict[str, Any]]) -> list[Boot]:
                 host=weakest[2] or ranks[0].get("host"),
                 version=ranks[0].get("version"),
                 profiling_skipped=any(bool(r.get("profiling_skipped")) for r in ranks),
+                source=ranks[0].get("source") or "boot",
+                constant_per_token=any(r.get("constant_per_token") is True for r in ranks),
+                memory_observed=all(r.get("memory_observed") is not False for r in ranks),
             )
         )
     return boots
@@ -189,8 +175,15 @@ def _relative_error(fit: Fit, points: list[tuple[int, float, int]]) -> float:
     return worst
 
 
-def fit_boots(boots: list[Boot]) -> Fit:
-    """Least-squares fit of ``m(L) = a + b*L`` over boots that report memory."""
+def fit_boots(boots: list[Boot], constant_per_token: bool = False) -> Fit:
+    """Least-squares fit of ``m(L) = a + b*L`` over boots that report memory.
+
+    ``constant_per_token`` (or every boot marked so, as V0 block reports are)
+    says the model's cost per token does not depend on the length: one boot is
+    then enough to go beyond its length. Otherwise evidence that cannot
+    separate ``a`` from ``b`` gives a bounded fit (:func:`extrapolation_cap`).
+    """
+    constant = constant_per_token or bool(boots and all(b.constant_per_token for b in boots))
     points = [(b.max_model_len, b.memory_gib, b.kv_tokens) for b in boots if b.memory_gib]
     if not points:
         notes = [
@@ -200,6 +193,9 @@ def fit_boots(boots: list[Boot]) -> Fit:
         ]
         fit = Fit(
             "tokens", 0.0, 1.0, False, len(boots), len({b.max_model_len for b in boots}), 0.0, notes
+        )
+        fit.calibration, fit.bounded = (
+            ("constant_per_token", False) if constant else ("tokens_only", True)
         )
         return fit
     # per-request memory at each boot's own L: m = M / C = M * L / T
@@ -223,17 +219,50 @@ def fit_boots(boots: list[Boot]) -> Fit:
             )
             a = 0.0
         calibrated = True
+        booted = {b.max_model_len for b in boots if b.memory_gib and b.source != "error_report"}
+        calibration = "two_points" if len(booted) >= 2 else "error_report"
     else:
         a = 0.0
         b = statistics.fmean(c / x for c, x in zip(costs, lengths, strict=True))
         calibrated = False
+        calibration = "constant_per_token" if constant else "single_boot_bounded"
         notes.append(
-            "one distinct max_model_len observed: assuming no fixed per-request cost (a=0);"
-            " boot once more at another max_model_len to calibrate"
+            "one distinct max_model_len observed: the cost per token is known constant (a=0)"
+            if constant
+            else "one distinct max_model_len observed: a fixed per-request cost cannot be told"
+            " apart from the per-token cost; no context above the longest observed is offered"
         )
     fit = Fit("memory", a, b, calibrated, len(points), distinct, 0.0, notes)
+    fit.calibration, fit.bounded = calibration, calibration == "single_boot_bounded"
     fit.fit_error = _relative_error(fit, points)
     return fit
+
+
+EVIDENCE_NEEDED = (
+    "one boot at a second max_model_len with its KV memory logged, a not-enough-KV error"
+    " report of this model (vllm_log_facts records its two points), or constant_per_token:"
+    " true when the model is plain attention"
+)
+
+
+def extrapolation_cap(fit: Fit, boots: list[Boot], memory: float, concurrency: float) -> int | None:
+    """For a bounded fit: the longest length observed to hold ``concurrency`` requests in ``memory``.
+
+    A boot at length ``L`` whose ``T`` tokens fitted in ``M`` shows one request of
+    ``L`` costs ``M * L / T``; it holds ``concurrency`` requests in ``memory`` when
+    ``concurrency * M * L / T <= memory``. Without a second length nothing says
+    what a longer (or, with a fixed part, a shorter) request costs beyond that.
+    None when the fit is not bounded; 0 when no boot qualifies.
+    """
+    if not fit.bounded:
+        return None
+    fitting = [
+        b.max_model_len
+        for b in boots
+        if b.memory_observed
+        and concurrency * boot_memory(fit, b) * b.max_model_len / b.kv_tokens <= memory * (1 + 1e-9)
+    ]
+    return max(fitting, default=0)
 
 
 def boot_memory(fit: Fit, boot: Boot) -> float:
@@ -329,79 +358,6 @@ def _floor(value: float, granularity: int) -> int:
     return int(value // granularity) * granularity
 
 
-# What decides the KV bytes one token costs per rank: the model and how it is
-# split and stored. Not max_model_len, not the KV size (the plan's variables),
-# not the ports or parsers. The vLLM version is in each observation.
-CALIBRATION_KEYS = (
-    ("model", None),
-    ("tensor_parallel_size", 1),
-    ("pipeline_parallel_size", 1),
-    ("kv_cache_dtype", "auto"),
-    ("dtype", "auto"),
-    ("quantization", "none"),
-)
-
-
-def calibration_key(recipe: dict[str, Any] | None) -> str | None:
-    """The calibration a recipe's boots belong to (readable, so an inventory can state it)."""
-    if not isinstance(recipe, dict) or not recipe.get("model"):
-        return None
-    return " ".join(
-        f"{key}={recipe.get(key) if recipe.get(key) is not None else default}"
-        for key, default in CALIBRATION_KEYS
-    )
-
-
-def _label(key: str) -> str:
-    """A calibration key as written; a recipe hash shortened."""
-    return key if " " in key else key[:12]
-
-
-def _calibration_of(entry: dict[str, Any]) -> str | None:
-    return entry.get("calibration") or entry.get("recipe_hash")
-
-
-def calibrations(
-    entries: list[dict[str, Any]], recipe_hash: str | None = None
-) -> tuple[list[tuple[str | None, list[dict[str, Any]]]], list[str]]:
-    """Split observations into calibrations (one per ``calibration``, else per ``recipe_hash``).
-
-    Boots of recipes that differ only in what the plan varies (max_model_len,
-    the KV size) share a calibration key (:func:`calibration_key`), so they
-    calibrate a + b*L together; older entries without one group by recipe hash.
-
-    With ``recipe_hash``: that recipe's observations when there are any (the
-    others are left out); none yet, every recipe (the caller plans against the
-    worst). Without: every recipe, each on its own.
-    """
-    groups: dict[str | None, list[dict[str, Any]]] = {}
-    for entry in entries:
-        groups.setdefault(_calibration_of(entry), []).append(entry)
-    notes: list[str] = []
-    named = ", ".join(_label(key) for key in groups if key is not None) or "none"
-    if recipe_hash is not None and recipe_hash in groups:
-        others = sum(len(group) for key, group in groups.items() if key != recipe_hash)
-        if others:
-            notes.append(
-                f"planned on the {len(groups[recipe_hash])} observation(s) of recipe"
-                f" {_label(recipe_hash)}; {others} observation(s) of other recipes were left out"
-                " (a recipe is its own calibration)"
-            )
-        return [(recipe_hash, groups[recipe_hash])], notes
-    if recipe_hash is not None and groups:
-        notes.append(
-            f"no observation of recipe {_label(recipe_hash)} yet: planned against the worst of the"
-            f" recorded recipes ({named}); the next boot calibrates this recipe"
-        )
-    elif len(groups) > 1:
-        notes.append(
-            f"observations of {len(groups)} recipes ({named}"
-            f"{', and entries without recipe_hash' if None in groups else ''}): each is its own"
-            " calibration, never averaged; planned against the worst"
-        )
-    return list(groups.items()), notes
-
-
 def worst_boot_bound(fit: Fit, boots: list[Boot]) -> tuple[float, Boot | None]:
     """Factor (<= 1) that keeps the fit from promising any boot more tokens than it reported."""
     factor, bounding = 1.0, None
@@ -424,12 +380,15 @@ def plan_kv(
     min_length: int = 0,
     memory_source: str = "available_kv_gib",
     recipe_hash: str | None = None,
+    constant_per_token: bool = False,
 ) -> dict[str, Any]:
     """The context plan: the largest ``max_model_len`` the worst boot holds.
 
     ``min_length`` is the shortest context the client needs; a preferred
     concurrency is only honoured when it leaves at least that much.
     ``recipe_hash`` is the recipe being planned (see :func:`calibrations`).
+    ``constant_per_token`` says the model's KV cost per token is constant (plain
+    attention): a plan from one length may then go beyond it.
     """
     _number(min_concurrency, "min_concurrency", 0.0, strict=True)
     if preferred_concurrency is not None:
@@ -465,6 +424,7 @@ def plan_kv(
         model_max_len,
         min_length,
         memory_source,
+        bool(constant_per_token),
     )
     plans = [(key, _plan_calibration(group, *args)) for key, group in groups or [(None, [])]]
     key, plan = min(
@@ -498,10 +458,15 @@ def _plan_calibration(
     model_max_len: int | None,
     min_length: int,
     memory_source: str,
+    constant_per_token: bool,
 ) -> dict[str, Any]:
     """The plan for one calibration (the observations of one recipe)."""
     boots = group_boots(entries)
-    fit = fit_boots(boots) if boots else Fit("tokens", 0.0, 1.0, False, 0, 0, 0.0, [])
+    fit = (
+        fit_boots(boots, constant_per_token)
+        if boots
+        else Fit("tokens", 0.0, 1.0, False, 0, 0, 0.0, [])
+    )
     if available_kv_gib is not None and fit.mode == "tokens":
         if per_token_kib is None:
             raise KvInputError(
@@ -517,12 +482,15 @@ def _plan_calibration(
             0,
             0.0,
             ["per-token cost from per_token_kib, assuming no fixed per-request cost (a=0)"],
+            calibration="per_token_kib",
         )
     if available_kv_gib is not None:
         memories = [float(available_kv_gib)]
         source = memory_source
     else:
-        memories = [boot_memory(fit, boot) for boot in boots]
+        # an error report's "needed" memory is vLLM's arithmetic, not memory a rank had
+        observed = [boot for boot in boots if boot.memory_observed] or boots
+        memories = [boot_memory(fit, boot) for boot in observed]
         source = "observations"
     factor, bounding = worst_boot_bound(fit, boots)
     if bounding is not None and factor < 1.0:
@@ -536,9 +504,16 @@ def _plan_calibration(
     levels = spread(memories)
     cap = _floor(model_max_len, granularity) if model_max_len else None
 
+    bounds: dict[float, int] = {}
+
     def longest(concurrency: float) -> int:
         length = max_length_for(fit, worst, concurrency, granularity)
-        return min(length, cap) if cap else length
+        length = min(length, cap) if cap else length
+        evidence = extrapolation_cap(fit, boots, worst, concurrency)
+        if evidence is not None and _floor(evidence, granularity) < length:
+            bounds[concurrency] = evidence
+            length = _floor(evidence, granularity)
+        return length
 
     guaranteed = longest(min_concurrency)
     chosen, preferred_met = guaranteed, None
@@ -572,7 +547,17 @@ def _plan_calibration(
             else row["concurrency"]["worst"] >= preferred_concurrency
         )
         row["chosen"] = length == chosen
+        row["within_evidence"] = not fit.bounded or length <= max(
+            (b.max_model_len for b in boots), default=0
+        )
         options.append(row)
+    if bounds:
+        concurrency, evidence = min(bounds.items(), key=lambda item: item[1])
+        fit.notes.append(
+            f"uncalibrated ({fit.calibration}): no context above {evidence}, the longest observed"
+            f" to hold {concurrency:g} request(s) in {worst:.4g} {fit.as_dict()['unit']} per rank;"
+            f" to go further: {EVIDENCE_NEEDED}"
+        )
     ordered = sorted(boots, key=lambda b: boot_memory(fit, b))
     return {
         "max_model_len": chosen,
@@ -580,7 +565,11 @@ def _plan_calibration(
         "preferred_max_model_len": preferred_len,
         "preferred_met": preferred_met,
         "calibrated": fit.calibrated,
-        "model": fit.as_dict(),
+        "model": {
+            **fit.as_dict(),
+            "bounded_by_evidence": min(bounds.values()) if bounds else None,
+            "evidence_needed": EVIDENCE_NEEDED if fit.bounded else None,
+        },
         "memory_source": source,
         "memory": {k: round(v, 4) for k, v in levels.items()},
         "worst_boot_bound": round(factor, 6),
@@ -598,6 +587,8 @@ def _plan_calibration(
                 "host": b.host,
                 "version": b.version,
                 "profiling_skipped": b.profiling_skipped,
+                "source": b.source,
+                "memory_observed": b.memory_observed,
             }
             for b in ordered
         ],

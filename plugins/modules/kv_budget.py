@@ -14,6 +14,13 @@ description:
     and weakest rank.
   - Without C(kv_memory_gib) in the observations it plans in tokens, assuming a boot's token count
     does not depend on C(max_model_len), and says so in C(model.notes).
+  - A start that failed for lack of KV calibrates too - C(vllm_log_facts) turns vLLM's error into two
+    observations (C(source=error_report)) - the requested length with the memory it needs and vLLM's
+    estimate with the memory available - so the plan at that memory is vLLM's own estimate.
+  - When the evidence cannot tell the fixed per-request cost from the per-token cost (one
+    C(max_model_len) observed, or no memory figure), the plan offers no context above the longest
+    observed to hold the concurrency at that memory, unless O(constant_per_token) or the observations
+    (V0 block reports) say the cost per token is constant; RV(model) says how the plan was derived.
   - Computes the tokens vLLM schedules per step under parallel drafting, an active-sequence table,
     opencode's C(limit.*) and C(compaction.reserved) for the chosen context, and lints a recipe
     against the failure catalog (F1 F2 F3 F6 F8 F9 F12 F14 F15 F16 F17).
@@ -115,11 +122,19 @@ options:
   calibration:
     description:
       - The calibration the recipe's boots belong to, as observations record it in C(calibration)
-        (the model, tensor and pipeline parallel sizes, KV cache dtype, dtype and quantization: what
+        (the model, tensor and pipeline parallel sizes, KV cache dtype, dtype and quantization; what
         decides the KV bytes per token). Boots of recipes that differ only in C(max_model_len) or the
         KV size share it, so they calibrate C(a + b*L) together.
       - Defaults to the key derived from O(recipe) when it names a C(model).
     type: str
+  constant_per_token:
+    description:
+      - The model's KV cost per token is constant (plain attention, no sliding window, no compressed
+        or indexer cache), so one boot predicts any C(max_model_len). With V(false) (the default) an
+        uncalibrated plan never goes beyond the longest length observed; observations marked
+        C(constant_per_token) (V0-style block reports) count as such evidence.
+    type: bool
+    default: false
   recipe_hash:
     description:
       - The C(recipe_hash) of the recipe being planned, as the observations record it. Observations
@@ -187,6 +202,11 @@ model:
   description:
     - The fit of C(a + b*L) per rank; C(mode) is C(memory) (GiB) or C(tokens), C(fit_error) the
       largest relative error of predicted tokens over the observations, C(notes) the assumptions.
+    - C(calibration) says how it was derived - C(two_points) (boots at two lengths), C(error_report)
+      (a not-enough-KV error's two points), C(single_boot_bounded) (one length with memory),
+      C(tokens_only) (no memory figure), C(constant_per_token), C(per_token_kib), or C(none) without any
+      boot; C(bounded_by_evidence) the length the plan was held to and C(evidence_needed) what would
+      let it go further.
   returned: always
   type: dict
 memory_source:
@@ -327,6 +347,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "host_limits": {"type": "dict"},
     "recipe_hash": {"type": "str"},
     "calibration": {"type": "str"},
+    "constant_per_token": {"type": "bool", "default": False},
 }
 
 
@@ -555,6 +576,7 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
         recipe_hash=params.get("recipe_hash")
         or params.get("calibration")
         or calibration_key(recipe),
+        constant_per_token=bool(params.get("constant_per_token")),
     )
     length = plan["max_model_len"]
     served = explicit or length

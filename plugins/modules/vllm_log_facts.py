@@ -10,11 +10,20 @@ version_added: 0.1.0
 description:
   - Parses a vLLM log from O(path), from O(content), or from a unit (C(journalctl -u) or
     C(podman logs)) and returns the facts under C(ansible_facts.vllm_log).
-  - Reads the KV cache size and maximum concurrency (GPU or CPU, one-line and two-line forms),
-    available KV memory per rank, free memory on startup, skipped profiling (explicit KV bytes),
-    the insufficient-KV start error with vLLM's estimated maximum model length, OOMs with the rank
-    that died, the speculative scheduled-token warning, periodic stats and spec-decode metrics.
-  - Returns C(observations), ready to append to C(/var/lib/localinference/observations.json).
+  - Reads the KV cache size and maximum concurrency (GPU or CPU, one-line and two-line forms, and the
+    C(# GPU blocks) of vLLM 0.2 to early V1 times the block size), available KV memory per rank (also
+    V0's C(kv_cache_size=) and C(the rest of the memory reserved for KV Cache)), free memory on
+    startup, skipped profiling (explicit KV bytes), the insufficient-KV start errors (V1 with vLLM's
+    estimated maximum model length, V0 with the capacity in tokens), the engine configuration
+    (C(max_seq_len), parallel sizes), OOMs with the rank that died, the speculative scheduled-token
+    warning, periodic stats and spec-decode metrics, and the load and start costs.
+  - Ranks are told apart in every era's prefix (C(Worker_TP1), C(VllmWorker TP1), C(Worker_PP1_TP0),
+    C([rank1]), and the process of C(RayWorkerWrapper pid=, ip=) or C(VllmWorkerProcess pid=)).
+  - Reads text as people paste it - ANSI colours, HTML colour spans, docker compose, SLURM and
+    journald prefixes, quote gutters, code fences, backticks, indentation, and lines a terminal
+    wrapped, also inside a word.
+  - Returns C(observations), ready to append to C(/var/lib/localinference/observations.json); a start
+    that failed for lack of KV gives calibration points (C(source=error_report)).
 author:
   - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
@@ -102,15 +111,28 @@ ansible_facts:
         - What the log reported. KV keys describe the last boot in the log; C(boots) lists every
           boot; stats, HTTP statuses and errors cover the whole log.
         - Keys C(version), C(kv_cache_device), C(kv_cache_tokens), C(max_concurrency),
-          C(concurrency_max_model_len), C(available_kv_gib) (list of C({rank, gib})),
+          C(concurrency_max_model_len), C(available_kv_gib) (list of C({rank, worker, gib}); C(rank) null for a process whose rank was not logged),
           C(startup_memory) (per rank C(free_gib), C(total_gib), C(requested_utilization),
           C(requested_gib), C(below_requested), weights and activation GiB when logged),
           C(profiling_skipped), C(kv_reserved_gib), C(kv_cache_memory_bytes_suggested),
           C(kv_insufficient), C(requested_max_model_len), C(kv_needed_gib), C(kv_available_gib),
           C(estimated_max_model_len), C(oom) (list of C({rank, bytes, line})), C(oom_rank),
-          C(died_ranks), C(scheduled_tokens), C(init_seconds), C(stats), C(spec_decode),
+          C(died_ranks), C(scheduled_tokens), C(init_seconds), C(engine_config) (C(max_model_len),
+          C(tensor_parallel_size), C(pipeline_parallel_size) of the engine's config line),
+          C(kv_report) (C(tokens) or C(blocks)), C(kv_cache_blocks), C(block_size),
+          C(block_size_source) (C(log), or C(default) for vLLM's 16), C(kv_cache_reports) (capacity
+          lines of one boot, one per rank or KV group), C(kv_capacity_tokens) (V0's stated capacity),
+          C(constant_per_token) (a block report, whose capacity does not depend on the length),
+          C(start_costs) (C(weights_gib), C(load_seconds), C(weights_load_seconds), C(dynamo_seconds),
+          C(graph_compile_seconds), C(compiled_graph_cache_seconds), C(compile_seconds),
+          C(graph_capture_seconds), C(graph_capture_gib), C(profiling_seconds), C(init_seconds),
+          C(profiling_skipped), C(notes); per key the slowest rank), C(stats), C(spec_decode),
           C(stats_summary), C(context_errors), C(context_limits), C(offload_mmaps),
-          C(kv_transfer), C(http_status), C(errors), C(boots), C(observations), C(lines_read),
+          C(kv_transfer), C(http_status), C(errors), C(boots), C(lines_read),
+          C(observations) (per rank of the last boot, C(source=boot); or the calibration points of a
+          start refused for lack of KV, C(source=error_report) - V1's requested length with the memory it
+          needs (C(memory_observed=false)) and its estimate with the memory available; V0's capacity with
+          C(constant_per_token=true)),
           C(empty) (the log had no line; only with O(empty_ok=true)), C(unparsed_lines) (C(count)
           and C(samples) of lines that matched a vLLM pattern with a number vLLM never prints).
       returned: always

@@ -19,6 +19,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._kv_model impo
 # 100,000 tokens at 4096, recipe "b" (say an fp16 KV cache instead of fp8)
 # only 50,000 at 8192. Fitted together, least squares refits through the
 # origin and promises about 55,500 tokens: a plan above the worst boot (F12).
+# Both are plain attention (constant_per_token), so one boot each plans beyond its length.
 RECIPE_A = {"recipe_hash": "a" * 64, "recorded_at": "t1", "max_model_len": 4096,
             "kv_tokens": 100_000, "kv_memory_gib": 10.0}  # fmt: skip
 RECIPE_B = {"recipe_hash": "b" * 64, "recorded_at": "t2", "max_model_len": 8192,
@@ -26,7 +27,7 @@ RECIPE_B = {"recipe_hash": "b" * 64, "recorded_at": "t2", "max_model_len": 8192,
 
 
 def test_two_recipes_are_never_averaged_and_the_worst_wins():
-    plan = plan_kv([RECIPE_A, RECIPE_B], granularity=1024)
+    plan = plan_kv([RECIPE_A, RECIPE_B], granularity=1024, constant_per_token=True)
     assert plan["max_model_len"] == 49152  # recipe b's own plan: 50,000 tokens, floored
     assert plan["calibration_recipe_hash"] == "b" * 64
     assert [c["max_model_len"] for c in plan["calibrations"]] == [99328, 49152]
@@ -36,7 +37,9 @@ def test_two_recipes_are_never_averaged_and_the_worst_wins():
 
 
 def test_the_recipe_being_planned_uses_its_own_observations():
-    plan = plan_kv([RECIPE_A, RECIPE_B], granularity=1024, recipe_hash="a" * 64)
+    plan = plan_kv(
+        [RECIPE_A, RECIPE_B], granularity=1024, recipe_hash="a" * 64, constant_per_token=True
+    )
     assert plan["max_model_len"] == 99328 and plan["calibration_recipe_hash"] == "a" * 64
     assert any(
         "1 observation(s) of other recipes were left out" in n for n in plan["model"]["notes"]
@@ -44,7 +47,9 @@ def test_the_recipe_being_planned_uses_its_own_observations():
 
 
 def test_a_recipe_without_observations_is_planned_against_the_worst_recorded_one():
-    plan = plan_kv([RECIPE_A, RECIPE_B], granularity=1024, recipe_hash="c" * 64)
+    plan = plan_kv(
+        [RECIPE_A, RECIPE_B], granularity=1024, recipe_hash="c" * 64, constant_per_token=True
+    )
     assert plan["max_model_len"] == 49152
     assert any("no observation of recipe cccccccccccc yet" in n for n in plan["model"]["notes"])
 

@@ -39,9 +39,11 @@ def seed000_profiled(unknown_len: int = 24576) -> list[dict]:
 @pytest.mark.parametrize(
     ("granularity", "min_concurrency", "expected"),
     [
-        (1024, 1.0, 26624),  # the worst boot holds 26,890 tokens
+        # the worst boot holds 26,890 tokens, but no boot was seen above 24,576 (tokens_only)
+        (1024, 1.0, 24576),
         (8192, 1.0, 24576),  # the seed's choice, at the seed's granularity
-        (1024, 1.5, 17408),
+        # 1.5 x 24,576 > 26,890: the longest boot seen holding 1.5 requests is at 16,384
+        (1024, 1.5, 16384),
     ],
 )
 def test_seed000_worst_boot_governs(unknown_len, granularity, min_concurrency, expected):
@@ -51,6 +53,7 @@ def test_seed000_worst_boot_governs(unknown_len, granularity, min_concurrency, e
     assert plan["max_model_len"] == expected
     assert plan["calibrated"] is False
     assert plan["model"]["mode"] == "tokens"
+    assert plan["model"]["calibration"] == "tokens_only"
     assert "planning in tokens" in plan["model"]["notes"][0]
 
 
@@ -79,8 +82,16 @@ def test_seed002_one_point():
     plan = plan_kv(obs, granularity=1024)
     assert round(predict_concurrency(plan["_fit"], 8.59, 262144), 2) == 1.09
     assert plan["calibrated"] is False
-    assert plan["max_model_len"] == 284672  # 278 x 1024 <= 285,336
-    table = {row["sequences"]: row["tokens_per_sequence"] for row in plan["active_sequences"]}
+    # one boot: 285,336 tokens fit, but no context above the 262,144 observed is offered
+    assert plan["model"]["calibration"] == "single_boot_bounded"
+    assert plan["max_model_len"] == 262144
+    assert plan["model"]["bounded_by_evidence"] == 262144
+    assert "second max_model_len" in plan["model"]["evidence_needed"]
+    # a plain-attention model's cost per token is constant: 278 x 1024 <= 285,336
+    plain = plan_kv(obs, granularity=1024, constant_per_token=True)
+    assert plain["model"]["calibration"] == "constant_per_token"
+    assert plain["max_model_len"] == 284672
+    table = {row["sequences"]: row["tokens_per_sequence"] for row in plain["active_sequences"]}
     assert table == {1: 284672, 2: 142336, 4: 70656}
     # the seed's conservative allocation (256K / 128K / 64K) fits inside it
     for count, each in ((1, 262144), (2, 131072), (4, 65536)):
@@ -161,9 +172,9 @@ def test_preferred_concurrency_only_when_client_fits():
     plan = plan_kv(
         seed000_profiled(), preferred_concurrency=1.5, granularity=1024, min_length=30000
     )
-    assert plan["preferred_met"] is False and plan["max_model_len"] == 26624
+    assert plan["preferred_met"] is False and plan["max_model_len"] == 24576
     plan = plan_kv(seed000_profiled(), preferred_concurrency=1.5, granularity=1024, min_length=8192)
-    assert plan["preferred_met"] is True and plan["max_model_len"] == 17408
+    assert plan["preferred_met"] is True and plan["max_model_len"] == 16384
 
 
 def test_model_max_len_caps():

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from ansible_collections.localinference.vllm.plugins.modules import kv_budget
+from ansible_collections.localinference.vllm.plugins.modules import kv_budget, vllm_log_facts
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
 
 SEED000 = [
@@ -367,5 +369,69 @@ def test_boots_of_one_calibration_calibrate_together_across_kv_sizes_and_lengths
         {"observations": boots, "recipe": recipe, "min_concurrency": 2.0, "model_max_len": 131072},
     ).result
     assert result["calibrated"] and result["calibration_recipe_hash"] == CAL
+    assert result["model"]["calibration"] == "two_points"
     assert result["max_model_len"] == 65536
     assert any("left out" in note for note in result["model"]["notes"])
+
+
+# A failed start calibrates: the log of a start vLLM refused for lack of KV, read by
+# vllm_log_facts, plans at that memory no more than vLLM's own estimate and no less
+# than 95% of it. (fixture, granularity, vLLM's estimate, calibration)
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm-logs"
+FAILED_STARTS = [
+    # DeepSeek-V4-Flash at TP 2 (vllm#44376): 30,000 need 6.66 GiB, 5.44 GiB hold 13,528
+    ("public-v1-deepseek-v4-flash-tp2-not-enough-kv.log", 1024, 13528, "error_report"),
+    # the lab's real CPU vLLM 0.32, plain attention; vLLM rounds these tiny sizes to 0.01 GiB
+    ("real-cpu-insufficient-kv-len32768.log", 256, 16256, "error_report"),
+    ("cpu-insufficient-kv-32768.log", 256, 17024, "error_report"),
+    # V0 states the capacity in tokens (23,648 in 2.89 GiB) and in blocks
+    (
+        "public-v0-memory-profiling-len29000-stored-in-kv-cache.log",
+        1024,
+        23648,
+        "constant_per_token",
+    ),
+    # V0 in docker compose, pasted in backticks: capacity in tokens only
+    ("public-v0-compose-backticks-stored-in-kv-cache.log", 1024, 16832, "constant_per_token"),
+]
+
+
+@pytest.mark.parametrize(("fixture", "granularity", "estimate", "calibration"), FAILED_STARTS)
+def test_a_start_refused_for_kv_plans_within_5_percent_below_vllms_estimate(
+    fixture, granularity, estimate, calibration
+):
+    facts = run_module(vllm_log_facts, {"path": str(FIXTURES / fixture), "host": "h"}).result
+    observations = facts["ansible_facts"]["vllm_log"]["observations"]
+    assert observations and all(o["source"] == "error_report" for o in observations)
+    result = run_module(
+        kv_budget, {"observations": observations, "granularity": granularity}
+    ).result
+    assert 0.95 * estimate <= result["max_model_len"] <= estimate, result["model"]
+    assert result["model"]["calibration"] == calibration
+    assert result["feasible"] is True
+
+
+def test_one_point_of_the_deepseek_report_alone_offers_nothing_beyond_the_evidence():
+    """As a per-token cost (a = 0) the 30,000 / 6.66 GiB point offers 24,504 tokens at 5.44 GiB,
+    81% more than vLLM accepts; bounded by evidence the plan offers nothing and says what is missing."""
+    needed = {"max_model_len": 30000, "kv_tokens": 30000, "kv_memory_gib": 6.66}
+    result = run_module(kv_budget, {"observations": [needed], "available_kv_gib": 5.44}).result
+    assert result["model"]["calibration"] == "single_boot_bounded"
+    assert result["max_model_len"] == 0 and result["feasible"] is False
+    assert "second max_model_len" in result["model"]["evidence_needed"]
+    plain = run_module(
+        kv_budget,
+        {"observations": [needed], "available_kv_gib": 5.44, "constant_per_token": True},
+    ).result
+    assert plain["max_model_len"] == 24504 // 1024 * 1024
+
+
+def test_one_boot_is_held_to_its_length_and_says_so():
+    boot = {"max_model_len": 16384, "kv_tokens": 65536, "kv_memory_gib": 1.0}
+    result = run_module(kv_budget, {"observations": [boot], "min_concurrency": 2.0}).result
+    assert result["max_model_len"] == 16384 and result["model"]["bounded_by_evidence"] == 16384
+    assert any("to go further" in note for note in result["model"]["notes"])
+    free = run_module(
+        kv_budget, {"observations": [boot], "min_concurrency": 2.0, "constant_per_token": True}
+    ).result
+    assert free["max_model_len"] == 32768 and free["model"]["calibration"] == "constant_per_token"

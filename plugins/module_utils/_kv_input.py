@@ -1,0 +1,82 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Observations and plan options checked: every error names the entry, the field and the fix.
+
+Part of the KV model (``_kv_model``, which re-exports these names); no AnsibleModule.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# Where an observation comes from: a boot that reported its KV cache, or the
+# calibration points of a start that failed for lack of KV (vllm_log_facts).
+SOURCES = ("boot", "error_report")
+
+
+class KvInputError(ValueError):
+    """Bad input; the message names the option and the fix."""
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
+def _number(value: Any, name: str, minimum: float = 0.0, strict: bool = False) -> float:
+    if isinstance(value, bool) or value is None:
+        raise KvInputError(f"{name} must be a number, got {_shown(value)}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise KvInputError(f"{name} must be a finite number, got {_shown(value)}") from None
+    if not math.isfinite(number):
+        raise KvInputError(f"{name} must be a finite number, got {_shown(value)}")
+    if number < minimum or (strict and number <= minimum):
+        relation = "greater than" if strict else "at least"
+        raise KvInputError(f"{name} must be {relation} {minimum:g}, got {_shown(value)}")
+    return number
+
+
+def _whole(value: Any, name: str, minimum: int = 1) -> int:
+    number = _number(value, name, minimum)
+    if number != int(number) or number >= 2**53:
+        raise KvInputError(f"{name} must be a whole number below 2**53, got {_shown(value)}")
+    return int(number)
+
+
+def normalise_observations(raw: list[Any], name: str = "observations") -> list[dict[str, Any]]:
+    """Validate observation entries; errors name the entry and field."""
+    if not isinstance(raw, list):
+        raise KvInputError(f"{name} must be a list of observation dicts")
+    entries = []
+    for index, item in enumerate(raw):
+        where = f"{name}[{index}]"
+        if not isinstance(item, dict):
+            raise KvInputError(f"{where} must be a dict with max_model_len and kv_tokens")
+        for required in ("max_model_len", "kv_tokens"):
+            if item.get(required) is None:
+                raise KvInputError(
+                    f"{where}.{required} is missing: each observation needs max_model_len and"
+                    " kv_tokens as vLLM reported them (see vllm_log_facts)"
+                )
+        entry = dict(item)
+        entry["max_model_len"] = _whole(item["max_model_len"], f"{where}.max_model_len")
+        entry["kv_tokens"] = _whole(item["kv_tokens"], f"{where}.kv_tokens")
+        for key in ("recipe_hash", "calibration"):
+            value = item.get(key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise KvInputError(f"{where}.{key} must be a non-empty string, got {_shown(value)}")
+        for key in ("kv_memory_gib", "available_kv_gib"):
+            if item.get(key) is not None:
+                entry[key] = _number(item[key], f"{where}.{key}", 0.0, strict=True)
+        for key in ("constant_per_token", "memory_observed"):
+            if item.get(key) is not None and not isinstance(item[key], bool):
+                raise KvInputError(f"{where}.{key} must be true or false, got {_shown(item[key])}")
+        if item.get("source") is not None and item["source"] not in SOURCES:
+            raise KvInputError(
+                f"{where}.source must be one of {', '.join(SOURCES)}, got {_shown(item['source'])}"
+            )
+        entries.append(entry)
+    return entries
