@@ -8,9 +8,16 @@ layer, like the fixed-plus-per-token cost of DeepSeek V4's cache) at two
 configurations, reads each log with the collection's parser, fits the
 per-request cost ``a + b*L`` with the collection's KV model, predicts the KV
 tokens of a third configuration, boots it and prints the relative error.
-Three boots, each bounded by a timeout; every server started is stopped.
 
-    .venv/bin/python benchmarks/kv_calibration.py [--model hybrid|plain] [--port 18150] [--save-logs DIR]
+Then it calibrates from a failure: it boots the plain tiny model with too little
+KV on purpose (8 MiB pinned for 32,768 tokens), turns vLLM's "not enough KV"
+error into the two observations ``vllm_log_facts`` records (``error_report``),
+plans the longest context that memory holds, boots that configuration and
+compares the KV tokens vLLM reports with the prediction. Five boots in all,
+each bounded by a timeout; every server started is stopped.
+
+    .venv/bin/python benchmarks/kv_calibration.py [--model hybrid|plain] [--part all|calibration|error]
+        [--port 18150] [--save-logs DIR]
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ BATCHED_TOKENS = 2048
 # (VLLM_CPU_KVCACHE_SPACE GiB, max_model_len): two to calibrate, one to predict
 CALIBRATE = ((1, 4096), (1, 16384))
 PREDICT = (2, 8192)
+# (kv_cache_memory_bytes, max_model_len): too little KV on purpose, so the start fails
+ERROR_BOOT = (8 * 1024**2, 32768)
+ERROR_GRANULARITY = 256
 
 
 def model_path(kind: str) -> Path:
@@ -60,14 +70,26 @@ def model_path(kind: str) -> Path:
     return hybrid
 
 
-def boot(kv_gib: int, max_model_len: int, port: int, timeout: int, model: Path) -> str:
-    """Boot, read the log, stop. Returns the log text."""
+def boot(
+    kv_gib: int,
+    max_model_len: int,
+    port: int,
+    timeout: int,
+    model: Path,
+    extra: tuple[str, ...] = (),
+    expect_failure: bool = False,
+) -> str:
+    """Boot, read the log, stop. Returns the log text (of the failed start when expected)."""
     argv = [str(BOOT), "start", "--kv-gib", str(kv_gib), "--max-model-len", str(max_model_len)]
     argv += ["--port", str(port), "--timeout", str(timeout), "--model", str(model)]
-    argv += ["--", "--max-num-batched-tokens", str(BATCHED_TOKENS)]
+    argv += ["--", "--max-num-batched-tokens", str(BATCHED_TOKENS), *extra]
     try:
         done = harness.run(argv, timeout=timeout + 60, check=False)
         log_path = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+        if expect_failure:
+            if done.returncode != 1 or not log_path:
+                raise RuntimeError(f"the start meant to fail did not (rc={done.returncode})")
+            return Path(log_path).read_text()
         if done.returncode != 0:
             tail = (
                 Path(log_path).read_text()[-2000:] if log_path and Path(log_path).exists() else ""
@@ -148,6 +170,47 @@ def run(
     }
 
 
+def run_error(port: int, timeout: int, save_logs: Path | None = None) -> dict[str, Any]:
+    """Calibrate from a start refused for KV; predict and boot the plan at that memory."""
+    model = model_path("plain")
+    kv_bytes, length = ERROR_BOOT
+    pinned = ("--kv-cache-memory-bytes", str(kv_bytes))
+    failed = boot(1, length, port, timeout, model, pinned, expect_failure=True)
+    parsed = vllm_log.parse_log(failed)
+    if not parsed["kv_insufficient"]:
+        raise RuntimeError(f"the failed start did not report too little KV: {parsed['errors']}")
+    observations = vllm_log.to_observations(parsed, host="controller", recorded_at="error")
+    plan = kv_model.plan_kv(observations, granularity=ERROR_GRANULARITY)
+    chosen, memory = plan["max_model_len"], plan["memory"]["worst"]
+    predicted = kv_model.predict_tokens(plan["_fit"], memory, chosen)
+    started = boot(1, chosen, port, timeout, model, pinned)
+    second = vllm_log.parse_log(started)
+    reported = second["kv_cache_tokens"]
+    if save_logs:
+        save_logs.mkdir(parents=True, exist_ok=True)
+        (save_logs / f"cpu-error-calibration-kvbytes8m-{length}.log").write_text(failed)
+        (save_logs / f"cpu-error-calibration-kvbytes8m-{chosen}.log").write_text(started)
+    return {
+        "version": second["version"],
+        "error": {
+            "max_model_len": length,
+            "kv_cache_memory_bytes": kv_bytes,
+            "kv_needed_gib": parsed["kv_needed_gib"],
+            "kv_available_gib": parsed["kv_available_gib"],
+            "estimated_max_model_len": parsed["estimated_max_model_len"],
+        },
+        "model": {k: plan["model"][k] for k in ("calibration", "a", "b", "kib_per_token")},
+        "plan": {"max_model_len": chosen, "memory_gib": memory, "kv_tokens": predicted},
+        "reported": {
+            "kv_tokens": reported,
+            "max_concurrency": second["max_concurrency"],
+            "max_model_len": second["concurrency_max_model_len"],
+        },
+        "plan_vs_estimate": chosen / parsed["estimated_max_model_len"],
+        "relative_error": abs(predicted - reported) / reported,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -156,18 +219,35 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=240)
     parser.add_argument("--save-logs", type=Path)
     parser.add_argument("--model", choices=["hybrid", "plain"], default="hybrid")
+    parser.add_argument("--part", choices=["all", "calibration", "error"], default="all")
     args = parser.parse_args()
     if not BOOT.exists() or shutil.which("curl") is None:
         print(f"needs {BOOT} and curl (the lab's vLLM CPU build)", file=sys.stderr)
         return 2
-    result = run(args.port, args.timeout, args.save_logs, args.model)
-    print(json.dumps(result, indent=2))
-    print(
-        f"predicted {result['predicted']['kv_tokens']:,} tokens at {PREDICT[0]} GiB / {PREDICT[1]:,};"
-        f" vLLM reported {result['reported']['kv_tokens']:,}; error {result['relative_error']:.4%}"
-        f" (one boot, uncalibrated: {result['uncalibrated_relative_error']:.2%})"
-    )
-    return 0 if result["relative_error"] <= 0.01 else 1
+    ok = True
+    if args.part in ("all", "calibration"):
+        result = run(args.port, args.timeout, args.save_logs, args.model)
+        print(json.dumps(result, indent=2))
+        print(
+            f"predicted {result['predicted']['kv_tokens']:,} tokens at {PREDICT[0]} GiB /"
+            f" {PREDICT[1]:,}; vLLM reported {result['reported']['kv_tokens']:,}; error"
+            f" {result['relative_error']:.4%} (one boot, uncalibrated:"
+            f" {result['uncalibrated_relative_error']:.2%})"
+        )
+        ok = result["relative_error"] <= 0.01
+    if args.part in ("all", "error"):
+        failed = run_error(args.port, args.timeout, args.save_logs)
+        print(json.dumps(failed, indent=2))
+        print(
+            f"error-calibrated ({failed['model']['calibration']}): vLLM refused"
+            f" {failed['error']['max_model_len']:,} and estimated"
+            f" {failed['error']['estimated_max_model_len']:,}; planned"
+            f" {failed['plan']['max_model_len']:,} ({failed['plan_vs_estimate']:.2%} of the"
+            f" estimate), predicted {failed['plan']['kv_tokens']:,} KV tokens, vLLM reported"
+            f" {failed['reported']['kv_tokens']:,}; error {failed['relative_error']:.2%}"
+        )
+        ok = ok and failed["relative_error"] <= 0.05
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ Part of the KV model (``_kv_model``, which re-exports these names); no AnsibleMo
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from typing import Any
 
 # Where an observation comes from: a boot that reported its KV cache, or the
@@ -80,3 +82,26 @@ def normalise_observations(raw: list[Any], name: str = "observations") -> list[d
             )
         entries.append(entry)
     return entries
+
+
+def read_observations_file(path: str | None) -> list[Any]:
+    """Observations saved on the node: schema-checked, never trusted (F10-style message)."""
+    if not path or not os.path.lexists(path):
+        return []
+    fix = "move it aside and let the next rollout record a boot again"
+    if not os.path.isfile(path) or os.path.getsize(path) > 64 * 1024 * 1024:
+        raise KvInputError(f"observations_path {path} is not a regular observation file; {fix}")
+    try:
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read().decode("utf-8"), parse_constant=_no_constant)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise KvInputError(f"observations_path {path} is not a JSON list ({exc}); {fix}") from None
+    if not isinstance(data, list):
+        raise KvInputError(
+            f"observations_path {path} holds a {type(data).__name__}, not a list of observations; {fix}"
+        )
+    return normalise_observations(data, f"observations_path {path}")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")

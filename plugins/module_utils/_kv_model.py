@@ -426,10 +426,21 @@ def plan_kv(
         memory_source,
         bool(constant_per_token),
     )
-    plans = [(key, _plan_calibration(group, *args)) for key, group in groups or [(None, [])]]
+    groups = groups or [(None, [])]
+    plans = [(key, _plan_calibration(group, *args)) for key, group in groups]
     key, plan = min(
         plans, key=lambda item: (item[1]["max_model_len"], item[1]["guaranteed_max_model_len"])
     )
+    length = plan["max_model_len"]
+    if len(plans) > 1 and length > 0:
+        # at the shortest plan's length, the calibration that holds the fewest requests speaks
+        # for the plan (a recipe held short by its evidence may still promise more tokens)
+        index = min(range(len(plans)), key=lambda i: concurrency_at(plans[i][1], length)["worst"])
+        if plans[index][1] is not plan:
+            key = plans[index][0]
+            capped = (*args[:5], min(model_max_len or length, length), *args[6:])
+            plan = _plan_calibration(groups[index][1], *capped)
+            plans[index] = (key, plan)
     plan["model"]["notes"].extend(notes)
     plan["calibration_recipe_hash"] = key
     plan["calibrations"] = [

@@ -35,7 +35,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils._log_text impo
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._vllm_boot import (
     DEFAULT_BLOCK_SIZE,
-    error_observations,
     learn_rank,
     line_worker,
     new_start,
@@ -44,6 +43,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._vllm_boot imp
     read_costs,
     read_engine_config,
     read_kv_memory,
+    to_observations,  # noqa: F401 (re-exported)
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._vllm_stats import (
     parse_spec,
@@ -553,75 +553,6 @@ def _boot_summary(boot: dict[str, Any]) -> dict[str, Any]:
     )
     summary["oom_rank"] = boot["oom"][0]["rank"] if boot["oom"] else None
     return summary
-
-
-def to_observations(
-    parsed: dict[str, Any],
-    host: str,
-    recorded_at: str,
-    recipe_hash: str | None = None,
-    kv_memory_gib: float | None = None,
-) -> list[dict[str, Any]]:
-    """Observation entries for the last boot that reported capacity or failed for lack of KV.
-
-    A boot that started gives one entry per rank (``source: boot``). A start that
-    failed for KV gives the calibration points of its error (``source:
-    error_report``, see ``_vllm_boot.error_observations``); a V0 failure that
-    logged its capacity gives that capacity. ``kv_memory_gib`` is the KV memory
-    per rank when the caller knows it (for example ``VLLM_CPU_KVCACHE_SPACE`` or
-    explicit ``kv_cache_memory_bytes``); otherwise the boot's reserved or
-    available KV memory is used when logged. Entries of V0-style reports (blocks,
-    capacity in tokens) carry ``constant_per_token: true``: their token count
-    does not depend on ``max_model_len``.
-    """
-    boot = next(
-        (
-            b
-            for b in reversed(parsed["boots"])
-            if b["kv_cache_tokens"] is not None or b["kv_insufficient"]
-        ),
-        None,
-    )
-    if boot is None:
-        return []
-    base = {
-        "recorded_at": recorded_at,
-        "recipe_hash": recipe_hash,
-        "host": host,
-        "rank": None,
-        "version": boot["version"],
-        "profiling_skipped": boot["profiling_skipped"],
-    }
-    if boot["kv_cache_tokens"] is None:
-        return error_observations(boot, base, kv_memory_gib)
-    if boot["max_model_len"] is None:
-        return []
-    per_worker = {entry["worker"]: entry for entry in boot["available_kv_gib"]}
-    entries = []
-    for worker in per_worker or [None]:
-        logged = per_worker.get(worker)
-        memory = kv_memory_gib
-        if memory is None:
-            memory = boot["kv_reserved_gib"] if boot["profiling_skipped"] else None
-            memory = memory if memory is not None else (logged or {}).get("gib")
-        entry: dict[str, Any] = {
-            **base,
-            "rank": logged["rank"] if logged else 0,
-            "max_model_len": boot["max_model_len"],
-            "kv_tokens": boot["kv_cache_tokens"],
-            "max_concurrency": boot["max_concurrency"],
-            "source": "error_report" if boot["kv_insufficient"] else "boot",
-        }
-        if logged and logged["worker"] != f"TP{logged['rank']}":
-            entry["worker"] = logged["worker"]
-        if boot["constant_per_token"]:
-            entry["constant_per_token"] = True
-        if logged and logged["gib"] > 0:
-            entry["available_kv_gib"] = logged["gib"]
-        if memory is not None and memory > 0:
-            entry["kv_memory_gib"] = memory
-        entries.append(entry)
-    return entries
 
 
 def recognised(parsed: dict[str, Any]) -> bool:

@@ -292,9 +292,7 @@ worst_boot_bound:
   type: float
 """
 
-import json
 import math
-import os
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
@@ -305,12 +303,14 @@ from ansible_collections.localinference.vllm.plugins.module_utils._client_budget
     needed_context,
     plan_client,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._kv_input import (
+    read_observations_file,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (
     GIB,
     KvInputError,
     calibration_key,
     concurrency_at,
-    normalise_observations,
     plan_kv,
     scheduled_tokens,
 )
@@ -364,29 +364,6 @@ def _effective_recipe(params: dict[str, Any]) -> dict[str, Any]:
             spec["parallel_drafting"] = params["parallel_drafting"]
         recipe["speculative_config"] = spec
     return recipe
-
-
-def _file_observations(path: str | None) -> list[Any]:
-    """Observations saved on the node: schema-checked, never trusted (F10-style message)."""
-    if not path or not os.path.lexists(path):
-        return []
-    fix = "move it aside and let the next rollout record a boot again"
-    if not os.path.isfile(path) or os.path.getsize(path) > 64 * 1024 * 1024:
-        raise KvInputError(f"observations_path {path} is not a regular observation file; {fix}")
-    try:
-        with open(path, "rb") as handle:
-            data = json.loads(handle.read().decode("utf-8"), parse_constant=_no_constant)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise KvInputError(f"observations_path {path} is not a JSON list ({exc}); {fix}") from None
-    if not isinstance(data, list):
-        raise KvInputError(
-            f"observations_path {path} holds a {type(data).__name__}, not a list of observations; {fix}"
-        )
-    return normalise_observations(data, f"observations_path {path}")
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number")
 
 
 def _pinned_kv(recipe: dict[str, Any]) -> tuple[int | None, str]:
@@ -547,7 +524,9 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
             f"recipe.max_model_len {explicit} is below prompt_floor {floor}: every agent request"
             " would be rejected; raise max_model_len (or set it to plan) or re-measure prompt_floor"
         )
-    observations = list(params["observations"]) + _file_observations(params["observations_path"])
+    observations = list(params["observations"]) + read_observations_file(
+        params["observations_path"]
+    )
     memory, source = params["available_kv_gib"], "available_kv_gib"
     pinned, pinned_by = _pinned_kv(recipe)
     if memory is None and pinned is not None:

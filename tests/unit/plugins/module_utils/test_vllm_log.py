@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ansible_collections.localinference.vllm.plugins.module_utils._log_text import unwrap
+from ansible_collections.localinference.vllm.plugins.module_utils._vllm_boot import line_worker
 from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
     context_rejection,
     line_rank,
@@ -370,3 +372,174 @@ def test_real_tp2_head_and_worker():
     assert (on_head["kv_cache_tokens"], on_head["max_concurrency"]) == (4194304, 1024.0)
     assert on_head["available_kv_gib"] == [{"rank": 0, "worker": "TP0", "gib": 1.0}]
     assert parse_log(worker.read_text())["available_kv_gib"] == [{"rank": 1, "worker": "TP1", "gib": 1.0}]
+
+
+# Real logs pasted into public issues and repositories (tests/unit/fixtures/README.md):
+# (fixture, expected subset of parse_log, expected subset of start_costs)
+PUBLIC = [
+    pytest.param(
+        "public-v1-deepseek-v4-flash-tp2-not-enough-kv.log",
+        {"kv_insufficient": True, "requested_max_model_len": 30000, "kv_needed_gib": 6.66,
+         "kv_available_gib": 5.44, "estimated_max_model_len": 13528, "kv_cache_tokens": None},
+        {},
+        id="v1-deepseek-v4-not-enough-kv",
+    ),
+    pytest.param(
+        "public-v0-memory-profiling-len29000-stored-in-kv-cache.log",
+        {"kv_cache_blocks": 1478, "kv_cache_tokens": 23648, "block_size_source": "default",
+         "kv_report": "blocks", "kv_capacity_tokens": 23648, "kv_insufficient": True,
+         "available_kv_gib": [{"rank": 0, "worker": "TP0", "gib": 2.89}],
+         "constant_per_token": True, "concurrency_max_model_len": 29000},
+        {"weights_gib": 14.9888},
+        id="v0-kv-cache-size-blocks-stored-in-kv",
+    ),
+    pytest.param(
+        "public-v0-memory-profiling-len20000-hash-lost.log",
+        {"kv_cache_blocks": 1952, "kv_cache_tokens": 31232, "max_concurrency": 1.56,
+         "available_kv_gib": [{"rank": 0, "worker": "TP0", "gib": 3.81}]},
+        {},
+        id="v0-hash-lost-in-paste",
+    ),
+    pytest.param(
+        "public-v0-compose-backticks-stored-in-kv-cache.log",
+        {"kv_capacity_tokens": 16832, "requested_max_model_len": 32768, "kv_insufficient": True},
+        {},
+        id="v0-compose-backticks",
+    ),
+    pytest.param(
+        "public-v0-vllmworkerprocess-rest-reserved.log",
+        {"available_kv_gib": [{"rank": None, "worker": f"pid={pid}", "gib": 1.57}
+                              for pid in (507, 521, 577)]},
+        {"weights_gib": 21.21, "profiling_seconds": 17.59},
+        id="v0-pid-only-ranks-never-collapse",
+    ),
+    pytest.param(
+        "public-v0-rest-reserved-cuda-blocks.log",
+        {"kv_cache_device": "GPU", "kv_cache_tokens": 5517 * 16, "max_concurrency": 2.69,
+         "available_kv_gib": [{"rank": 0, "worker": "TP0", "gib": 2.36}]},
+        {"weights_gib": 2.89, "profiling_seconds": 5.61},
+        id="v0-cuda-blocks",
+    ),
+    pytest.param(
+        "public-v0-indented-cuda-blocks.log",
+        {"kv_cache_tokens": 14815 * 16, "concurrency_max_model_len": 512},
+        {"weights_gib": 8.63, "load_seconds": 7.670299},
+        id="v0-indented-paste",
+    ),
+    pytest.param(
+        "public-v0-hand-wrapped-negative-kv.log",
+        {"kv_insufficient": True, "available_kv_gib": [{"rank": 0, "worker": "TP0", "gib": -7.83}]},
+        {"weights_gib": 6.5935, "load_seconds": 7.243515, "profiling_seconds": 257.11},
+        id="v0-hand-wrapped-no-memory-left",
+    ),
+    pytest.param(
+        "public-v0-compose-prefix-engine-config-tp2.log",
+        {"engine_config": {"max_model_len": 8192, "tensor_parallel_size": 2,
+                           "pipeline_parallel_size": 1}},
+        {},
+        id="v0-compose-engine-config",
+    ),
+    pytest.param(
+        "public-v0-engine-config-underscore-wrap.log",
+        {"version": "0.6.4.post2.dev395+g02222a02.d20241217",
+         "engine_config": {"max_model_len": 2048, "tensor_parallel_size": 1,
+                           "pipeline_parallel_size": 1}},
+        {},
+        id="v0-engine-config-wrapped",
+    ),
+    pytest.param(
+        "public-v1-engine-config-midword-wrap.log",
+        {"version": "0.14.1", "engine_config": {"max_model_len": 131072, "tensor_parallel_size": 1,
+                                                "pipeline_parallel_size": 1}},
+        {"notes": []},
+        id="v1-engine-config-midword-wrap",
+    ),
+    pytest.param(
+        "public-v1-early-gpu-blocks.log",
+        {"kv_cache_blocks": 1381, "kv_cache_tokens": 22096, "max_concurrency": 10.79},
+        {"weights_gib": 67.7229, "dynamo_seconds": 12.88, "graph_compile_seconds": 41.86,
+         "compile_seconds": 54.73},
+        id="v1-early-gpu-blocks",
+    ),
+    pytest.param(
+        "public-v1-load-compile-graph-capture.log",
+        {"kv_cache_tokens": 251920, "max_concurrency": 6.15, "errors": []},
+        {"compile_seconds": 18.4, "graph_capture_seconds": 14.0, "graph_capture_gib": 0.84,
+         "init_seconds": 44.51},
+        id="v1-graph-capture",
+    ),
+    pytest.param(
+        "public-v1-fenced-indented-engine-core.log",
+        {"kv_cache_tokens": 53136, "available_kv_gib": [{"rank": 0, "worker": "TP0", "gib": 12.57}]},
+        {"weights_gib": 11.55, "load_seconds": 1940.360672, "compiled_graph_cache_seconds": 16.877,
+         "compile_seconds": 31.68},
+        id="v1-fenced-indented",
+    ),
+    pytest.param(
+        "public-v1-quote-gutter-nested-worker.log",
+        {"kv_cache_tokens": 415104, "max_concurrency": 3243.0, "concurrency_max_model_len": 64},
+        {"weights_gib": 3.2153, "weights_load_seconds": 0.58, "init_seconds": 1.97},
+        id="v1-quote-gutter",
+    ),
+    pytest.param(
+        "public-v1-vllmworker-tp-repeated-capacity.log",
+        {"kv_cache_tokens": 417520, "kv_cache_reports": 2,
+         "available_kv_gib": [{"rank": 0, "worker": "TP0", "gib": 11.15},
+                              {"rank": 1, "worker": "TP1", "gib": 11.15}]},
+        {},
+        id="v1-vllmworker-tp-ranks",
+    ),
+    pytest.param(
+        "public-v1-ray-pp2-tp4-slurm-prefixes.log",
+        {"kv_cache_tokens": 6167536, "max_concurrency": 23.53, "kv_cache_reports": 8,
+         "available_kv_gib": [{"rank": None, "worker": "pid=132250", "gib": 76.15}]},
+        {"weights_gib": 7.3272, "load_seconds": 10.485893, "compile_seconds": 5.07},
+        id="v1-ray-pp2-tp4-one-boot-weakest-report",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "expected", "costs"), PUBLIC)
+def test_public_logs(name: str, expected: dict, costs: dict) -> None:
+    parsed = parse_log((FIXTURES / name).read_text(encoding="utf-8"))
+    assert len(parsed["boots"]) == 1
+    for key, value in expected.items():
+        assert parsed[key] == value, key
+    for key, value in costs.items():
+        assert parsed["start_costs"][key] == value, key
+
+
+def test_lost_escape_colours_and_ray_process_prefix() -> None:
+    text = (FIXTURES / "public-v0-rayworkerwrapper-lost-esc.txt").read_text(encoding="utf-8")
+    (line,) = unwrap(text)
+    assert "\ufffd" not in line and "[36m" not in line
+    assert line_worker(line, {}) == (None, "pid=4183@10.3.32.122")
+
+
+@pytest.mark.parametrize(
+    ("wrapped", "joined"),
+    [
+        ("observability_config=ObservabilityConf\nig(show", "observability_config=ObservabilityConfig(show"),
+        ("seed=0, served_model\n_name=/x", "seed=0, served_model_name=/x"),
+        ("revision=None, overr\nide_neuron_config=None", "revision=None, override_neuron_config=None"),
+        ("the available KV cache memory (5.44 GiB). Based on the\nestimated", "the available KV cache memory (5.44 GiB). Based on the estimated"),
+        ("is larger than the maximum number of tokens that can be \nstored in KV cache (1)", "is larger than the maximum number of tokens that can be stored in KV cache (1)"),
+    ],
+)  # fmt: skip
+def test_wraps_join_inside_vllm_words_only(wrapped: str, joined: str) -> None:
+    assert unwrap(wrapped) == [joined]
+
+
+def test_html_spans_and_ansi_around_a_real_line_are_removed() -> None:
+    """No public paste with HTML colour spans was found: the real DeepSeek-V4 line is wrapped
+    in the spans a terminal-to-HTML converter writes, and in ANSI colours, by the test."""
+    line = (FIXTURES / "public-v1-deepseek-v4-flash-tp2-not-enough-kv.log").read_text().strip()
+    prefix, rest = line.split(" ", 2)[:2], line.split(" ", 2)[2]
+    html = (
+        f'<span style="color:#0AA">{" ".join(prefix)}</span> '
+        f"<span style=\"color:#A00\">{rest.replace('<', '&lt;')}</span>"
+    )
+    ansi = f"\x1b[1;36m{' '.join(prefix)}\x1b[0;0m {rest}"
+    for pasted in (html, ansi, f"> {ansi}", f"\u258e {line}", f"| {line}"):
+        assert unwrap(pasted) == [line], pasted
+        assert parse_log(pasted)["estimated_max_model_len"] == 13528
