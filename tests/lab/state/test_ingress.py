@@ -161,7 +161,9 @@ def classify(host: str, sock: dict[str, Any]) -> str | None:
         return "caddy:2019"
     if port == VLLM_PORT and loopback and host == HEAD:
         return "vllm:8000"
-    if process.startswith(("VLLM::", "vllm")) and address == CLUSTER_ADDRESSES[host]:
+    # The ranks' processes are titled VLLM::Worker_TP*, VLLM::EngineCore or plain
+    # python depending on the boot; the cluster link is private either way.
+    if process.startswith(("VLLM::", "vllm", "python")) and address == CLUSTER_ADDRESSES[host]:
         return "engine:cluster"
     if port == TORCH_STORE_PORT and address in ("*", "::", "0.0.0.0") and host == HEAD:
         return "torch-store"
