@@ -25,6 +25,7 @@ from lab.harness import (
     HEAD,
     HOSTS,
     INGRESS_URL,
+    LAB_DIR,
     MODEL,
     STATE_DIR,
     api_key,
@@ -188,3 +189,25 @@ def test_vllm_api_answers_only_on_loopback():
     probe = exec_on(HEAD, "curl", "-sS", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}",
                     "http://10.76.0.11:8000/health", check=False)  # fmt: skip
     assert probe.stdout.strip() == "000", probe.stdout
+
+
+def test_on_the_controller_the_key_is_only_in_its_two_secret_files():
+    """Issue 14: no API key in site.log or any other file the lab wrote, only in the key file
+    and the client's env file (both 0600)."""
+    key = api_key()
+    assert key, f"no key in {API_KEY_FILE}"
+    lab = LAB_DIR.resolve()
+    secrets = {API_KEY_FILE.resolve(), (lab / "opencode" / "env").resolve()}
+    skip = {"cache", "vllm-venv", "wheelhouse", "opencode-cli", "collections", "sanity", "models"}
+    found = []
+    for path in lab.rglob("*"):
+        if path.is_symlink() or not path.is_file() or path.resolve() in secrets:
+            continue
+        if set(path.relative_to(lab).parts[:1]) & skip or path.stat().st_size > 64 * 1024 * 1024:
+            continue
+        if key.encode() in path.read_bytes():
+            found.append(str(path))
+    assert not found, f"the API key is in {found}"
+    for secret in secrets:
+        if secret.exists():
+            assert stat.S_IMODE(secret.stat().st_mode) == 0o600, f"{secret} is not 0600"
