@@ -71,7 +71,7 @@ def model_path(kind: str) -> Path:
 
 
 def boot(
-    kv_gib: int,
+    kv_gib: int | str,
     max_model_len: int,
     port: int,
     timeout: int,
@@ -175,7 +175,8 @@ def run_error(port: int, timeout: int, save_logs: Path | None = None) -> dict[st
     model = model_path("plain")
     kv_bytes, length = ERROR_BOOT
     pinned = ("--kv-cache-memory-bytes", str(kv_bytes))
-    failed = boot(1, length, port, timeout, model, pinned, expect_failure=True)
+    # VLLM_CPU_KVCACHE_SPACE unset ("auto"): the pinned bytes size the cache
+    failed = boot("auto", length, port, timeout, model, pinned, expect_failure=True)
     parsed = vllm_log.parse_log(failed)
     if not parsed["kv_insufficient"]:
         raise RuntimeError(f"the failed start did not report too little KV: {parsed['errors']}")
@@ -183,7 +184,7 @@ def run_error(port: int, timeout: int, save_logs: Path | None = None) -> dict[st
     plan = kv_model.plan_kv(observations, granularity=ERROR_GRANULARITY)
     chosen, memory = plan["max_model_len"], plan["memory"]["worst"]
     predicted = kv_model.predict_tokens(plan["_fit"], memory, chosen)
-    started = boot(1, chosen, port, timeout, model, pinned)
+    started = boot("auto", chosen, port, timeout, model, pinned)
     second = vllm_log.parse_log(started)
     reported = second["kv_cache_tokens"]
     if save_logs:

@@ -435,3 +435,16 @@ def test_one_boot_is_held_to_its_length_and_says_so():
         kv_budget, {"observations": [boot], "min_concurrency": 2.0, "constant_per_token": True}
     ).result
     assert free["max_model_len"] == 32768 and free["model"]["calibration"] == "constant_per_token"
+
+
+def test_the_plan_from_a_refused_start_is_what_the_next_boot_reports():
+    """benchmarks/kv_calibration.py on the real CPU vLLM 0.32: 8 MiB pinned, 32,768 refused; the
+    error-calibrated plan (16,128) booted and vLLM reported 16,384 KV tokens (predicted 16,254)."""
+    refused = FIXTURES / "cpu-error-calibration-kvbytes8m-32768.log"
+    booted = FIXTURES / "cpu-error-calibration-kvbytes8m-16128.log"
+    facts = run_module(vllm_log_facts, {"path": str(refused), "host": "h"}).result
+    observations = facts["ansible_facts"]["vllm_log"]["observations"]
+    plan = run_module(kv_budget, {"observations": observations, "granularity": 256}).result
+    reported = run_module(vllm_log_facts, {"path": str(booted)}).result["ansible_facts"]["vllm_log"]
+    assert plan["max_model_len"] == reported["concurrency_max_model_len"] == 16128
+    assert abs(plan["kv_tokens"]["worst"] - reported["kv_cache_tokens"]) / 16384 < 0.01
