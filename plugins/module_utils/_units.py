@@ -132,8 +132,10 @@ def _service_tail(recipe: dict[str, Any], extra: list[str] | None = None) -> lis
         "[Service]",
         f"ExecStartPre=/usr/bin/mkdir -p {systemd_quote(recipe['cache_dir'])}",
         *(extra or []),
-        "Restart=on-failure",
-        "RestartSec=30",
+        # F11: an engine whose launcher went away exits 0 and left the proxy
+        # answering 502; "always" restarts that too (systemctl stop still stops).
+        "Restart=always",
+        "RestartSec=10",
         "TimeoutStartSec=900",
         "TimeoutStopSec=120",
         "",
