@@ -522,8 +522,14 @@ def test_lost_escape_colours_and_ray_process_prefix() -> None:
         ("observability_config=ObservabilityConf\nig(show", "observability_config=ObservabilityConfig(show"),
         ("seed=0, served_model\n_name=/x", "seed=0, served_model_name=/x"),
         ("revision=None, overr\nide_neuron_config=None", "revision=None, override_neuron_config=None"),
-        ("the available KV cache memory (5.44 GiB). Based on the\nestimated", "the available KV cache memory (5.44 GiB). Based on the estimated"),
-        ("is larger than the maximum number of tokens that can be \nstored in KV cache (1)", "is larger than the maximum number of tokens that can be stored in KV cache (1)"),
+        (
+            "the available KV cache memory (5.44 GiB). Based on the\nestimated",
+            "the available KV cache memory (5.44 GiB). Based on the estimated",
+        ),
+        (
+            "is larger than the maximum number of tokens that can be \nstored in KV cache (1)",
+            "is larger than the maximum number of tokens that can be stored in KV cache (1)",
+        ),
     ],
 )  # fmt: skip
 def test_wraps_join_inside_vllm_words_only(wrapped: str, joined: str) -> None:
