@@ -1,0 +1,368 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The recipe library (recipes/*.yml): each recipe loads, normalises, renders the exact
+vLLM command line, uses only flags of vLLM 0.32.0 (or says which it does not), lints
+clean against the failure catalog, and states its expected figures with sources.
+
+Table-driven over every file in recipes/: a new recipe without a row here fails.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
+    Node,
+    RecipeError,
+    normalise,
+    parse_help_flags,
+    problems,
+    serve_argv,
+    unknown_flags,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._units import model_location
+from ansible_collections.localinference.vllm.plugins.modules import kv_budget
+from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "recipes"
+HELP = (ROOT / "tests" / "unit" / "fixtures" / "vllm-0.32.0" / "serve-help-all.txt").read_text()
+FLAGS = parse_help_flags(HELP)
+# The seeds quoted by seed-sourced figures; present in the development tree, not in CI.
+SEEDS = Path("/work/shared/seeds")
+# Stands in for a REQUIRED placeholder so the rest of the recipe can be rendered.
+STAND_IN = {"image": "registry.invalid/localinference/stand-in@sha256:" + "0" * 64}
+# Every figure a recipe must state (value null only when the source says it is not published).
+REQUIRED_FIGURES = ("decode_single_stream", "decode_multi_stream", "ttft", "max_context")
+FILES = sorted(RECIPES.glob("*.yml"))
+
+
+def _pairs(*items: Any) -> list[str]:
+    return [str(i) for i in items]
+
+
+# The head's (rank 0) exact `vllm serve` argv per recipe; workers differ only by
+# --node-rank N and --headless (checked below).
+HEAD_ARGV: dict[str, list[str]] = {
+    "dgx_spark_pair": _pairs(
+        "serve", "/models/snapshots/9e165c30e2704aec5d9d593cce3eebd58bbef1cb",
+        "--async-scheduling",
+        "--block-size", 256,
+        "--default-chat-template-kwargs", '{"thinking":false}',
+        "--enable-auto-tool-choice",
+        "--enable-chunked-prefill",
+        "--enable-flashinfer-autotune",
+        "--enable-prefix-caching",
+        "--generation-config", "vllm",
+        "--gpu-memory-utilization", 0.8,
+        "--host", "0.0.0.0",
+        "--kv-cache-dtype", "nvfp4_ds_mla",
+        "--master-port", 25000,
+        "--max-cudagraph-capture-size", 36,
+        "--max-model-len", 1048576,
+        "--max-num-batched-tokens", 8192,
+        "--max-num-seqs", 6,
+        "--moe-backend", "flashinfer_b12x",
+        "--pipeline-parallel-size", 1,
+        "--port", 8000,
+        "--reasoning-config",
+        '{"reasoning_end_str":"</think>","reasoning_parser":"deepseek_v4","reasoning_start_str":"<think>"}',
+        "--reasoning-parser", "deepseek_v4",
+        "--served-model-name", "deepseek-v4-flash-0731",
+        "--speculative-config",
+        '{"draft_sample_method":"probabilistic","method":"dspark","num_speculative_tokens":5}',
+        "--tensor-parallel-size", 2,
+        "--tokenizer-mode", "deepseek_v4",
+        "--tool-call-parser", "deepseek_v4",
+        "--trust-remote-code",
+        "--distributed-executor-backend", "mp",
+        "--nnodes", 2,
+        "--node-rank", 0,
+        "--master-addr", "10.77.0.11",
+    ),
+    "dgx_spark_quad": _pairs(
+        "serve", "/models/snapshots/dba1be0a40aa45a94ad051997016db3960a90277",
+        "--block-size", 128,
+        "--compilation-config",
+        '{"cudagraph_capture_sizes":[5,6,10,12,15,18,20,24,25,30,35,36,40,42,48],'
+        '"cudagraph_mode":"FULL_AND_PIECEWISE"}',
+        "--default-chat-template-kwargs", '{"thinking":false}',
+        "--enable-auto-tool-choice",
+        "--engram-config", '{"cpu_offload":false}',
+        "--gpu-memory-utilization", 0.83,
+        "--host", "0.0.0.0",
+        "--limit-mm-per-prompt", '{"image":4}',
+        "--load-format", "safetensors",
+        "--master-port", 29541,
+        "--max-model-len", 430080,
+        "--max-num-batched-tokens", 8192,
+        "--max-num-seqs", 8,
+        "--mm-processor-cache-gb", 1,
+        "--port", 8000,
+        "--reasoning-parser", "deepseek_v41",
+        "--served-model-name", "deepseek-v4.1-flash",
+        "--speculative-config",
+        '{"draft_sample_method":"greedy","enable_adaptive_verification":false,"method":"dspark",'
+        '"num_speculative_tokens":5,"rejection_sample_method":"block"}',
+        "--tensor-parallel-size", 4,
+        "--tool-call-parser", "deepseek_v41",
+        "--distributed-executor-backend", "mp",
+        "--nnodes", 4,
+        "--node-rank", 0,
+        "--master-addr", "10.77.0.11",
+    ),
+    "rtx_pro_6000_pair": _pairs(
+        "serve", "/models/snapshots/7872f01b1d1fe23eabc4c98b48bffcef5a386062",
+        "--decode-context-parallel-size", 1,
+        "--enable-auto-tool-choice",
+        "--gpu-memory-utilization", 0.975,
+        "--host", "0.0.0.0",
+        "--kv-cache-dtype", "fp8_ds_mla",
+        "--kv-offloading-size", 8,
+        "--load-format", "instanttensor",
+        "--max-model-len", 262144,
+        "--max-num-batched-tokens", 8192,
+        "--max-num-seqs", 2,
+        "--port", 8000,
+        "--reasoning-parser", "deepseek_v4",
+        "--served-model-name", "deepseek-v4-flash-0731",
+        "--speculative-config", '{"method":"dspark","num_speculative_tokens":5}',
+        "--tensor-parallel-size", 2,
+        "--tool-call-parser", "deepseek_v4",
+        "--distributed-executor-backend", "mp",
+    ),
+}  # fmt: skip
+
+# Findings of the plan's lint (kv_budget without observations) per recipe: ids by severity.
+LINT: dict[str, dict[str, list[str]]] = {
+    "dgx_spark_pair": {"error": [], "warning": []},
+    "dgx_spark_quad": {"error": [], "warning": []},
+    # The 8 GiB offload pool cannot be checked without the host's limits (preflight gives them).
+    "rtx_pro_6000_pair": {"error": [], "warning": ["F16"]},
+}
+
+
+def _load(path: Path) -> dict[str, Any]:
+    document = yaml.safe_load(path.read_text())
+    assert isinstance(document, dict), f"{path.name}: not a YAML mapping"
+    return document
+
+
+def _filled(document: dict[str, Any]) -> dict[str, Any]:
+    """The recipe with its REQUIRED placeholders replaced by stand-ins."""
+    recipe = dict(document["vllm_recipe"])
+    for key in document["required_placeholders"]:
+        recipe[key] = STAND_IN[key]
+    return recipe
+
+
+def _nodes(document: dict[str, Any], revision: str) -> list[Node]:
+    """The node descriptions the serve role passes: fabric env, addresses, weights path."""
+    count = document["nodes"]
+    weights = f"/srv/models/hub/models--org--name/snapshots/{revision}"
+    if count == 1:
+        return [Node(host="host-a", rank=0, nnodes=1, head_address="127.0.0.1",
+                     weights_path=weights)]  # fmt: skip
+    return [
+        Node(
+            host=f"spark-{rank}",
+            rank=rank,
+            nnodes=count,
+            head_address="10.77.0.11",
+            address=f"10.77.0.{11 + rank}",
+            env={"VLLM_HOST_IP": f"10.77.0.{11 + rank}", "NCCL_SOCKET_IFNAME": "enp1s0f0np0"},
+            weights_path=weights,
+        )
+        for rank in range(count)
+    ]
+
+
+def _argvs(document: dict[str, Any]) -> list[list[str]]:
+    recipe = normalise(_filled(document))
+    argvs = []
+    for node in _nodes(document, recipe["revision"]):
+        _, model_path = model_location(node.weights_path, recipe["revision"])
+        argv = serve_argv(recipe, node, model_path)
+        assert argv is not None
+        argvs.append(argv)
+    return argvs
+
+
+def _choices() -> dict[str, set[str]]:
+    """Flags whose help lists their values: ``--flag {a,b}`` or ``--flag ['a', 'b']``."""
+    found = {}
+    for line in HELP.splitlines():
+        match = re.match(r"  (--[a-z0-9-]+) (?:\{([^}]*)\}|\[([^\]]*)\])", line)
+        if match:
+            values = match.group(2) or match.group(3)
+            found[match.group(1)] = {v.strip(" '") for v in values.split(",")}
+    return found
+
+
+CHOICES = _choices()
+
+
+def test_every_recipe_file_has_a_row():
+    assert {path.stem for path in FILES} == set(HEAD_ARGV) == set(LINT)
+    assert {"dgx_spark_pair", "dgx_spark_quad", "rtx_pro_6000_pair"} <= set(HEAD_ARGV)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_document_shape(path):
+    document = _load(path)
+    for key in ("profile", "hardware", "nodes", "status", "required_placeholders", "sources",
+                "requires", "expected", "vllm_recipe"):  # fmt: skip
+        assert key in document, f"{path.name}: missing top-level key {key!r}"
+    assert document["profile"] == path.stem
+    assert isinstance(document["nodes"], int) and document["nodes"] >= 1
+    requires = document["requires"]
+    assert isinstance(requires["flags_outside_vllm_0_32_0"], list)
+    assert isinstance(requires["values_outside_vllm_0_32_0"], list)
+    assert requires["runtime"], f"{path.name}: requires.runtime must name the image's vLLM build"
+    recipe = document["vllm_recipe"]
+    assert re.fullmatch(r"[0-9a-f]{40}", recipe["revision"]), "the model revision is pinned"
+    assert recipe["reasoning_parser"] and recipe["tool_call_parser"], "parsers (F6)"
+    assert recipe["max_model_len"] == "plan" or isinstance(recipe["max_model_len"], int)
+    assert recipe["max_num_seqs"] > 1, "F3: an agent endpoint needs more than one sequence"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_expected_figures_state_value_and_source(path):
+    document = _load(path)
+    sources, expected = document["sources"], document["expected"]
+    for name, source in sources.items():
+        if "url" in source:
+            assert source["url"].startswith("https://"), f"{path.name}: sources.{name}.url"
+        else:
+            assert source.get("seed") and source.get("section"), (
+                f"{path.name}: sources.{name} needs a url, or a seed file and its section"
+            )
+    assert set(REQUIRED_FIGURES) <= set(expected), (
+        f"{path.name}: expected lacks {sorted(set(REQUIRED_FIGURES) - set(expected))}"
+    )
+    for name, figure in expected.items():
+        where = f"{path.name}: expected.{name}"
+        assert figure["source"] in sources, f"{where}: source {figure['source']!r} is not listed"
+        assert figure["unit"] and figure["at"] and figure["quote"], where
+        if figure["value"] is None:
+            assert str(figure["at"]).startswith("not published"), (
+                f"{where}: a null value must say it is not published"
+            )
+        else:
+            # The figure is verbatim from the quoted source text.
+            assert str(figure["value"]) in figure["quote"].replace(",", ""), (
+                f"{where}: {figure['value']!r} does not appear in its quote"
+            )
+
+
+def _seed_quotes() -> list[tuple[str, str, str, str]]:
+    rows = []
+    for path in FILES:
+        document = _load(path)
+        for name, figure in document["expected"].items():
+            source = document["sources"][figure["source"]]
+            if "seed" in source:
+                rows.append((f"{path.stem}.{name}", source["seed"], source["section"],
+                             figure["quote"]))  # fmt: skip
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("figure", "seed", "section", "quote"), _seed_quotes(), ids=lambda v: str(v)[:40]
+)
+def test_seed_quotes_are_verbatim(figure, seed, section, quote):
+    if not SEEDS.is_dir():
+        pytest.skip(f"{SEEDS} is not on this machine: seed quotes checked in the development tree")
+    text = (SEEDS / seed).read_text()
+    assert section in text, f"{figure}: section {section!r} not in seed {seed}"
+    assert quote in text, f"{figure}: quote not verbatim in seed {seed}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_normalises_or_refuses_only_its_required_placeholders(path):
+    document = _load(path)
+    placeholders = document["required_placeholders"]
+    for key in placeholders:
+        assert str(document["vllm_recipe"][key]).startswith("REQUIRED"), (
+            f"{path.name}: vllm_recipe.{key} is listed as a placeholder but not marked REQUIRED"
+        )
+    if placeholders:
+        with pytest.raises(RecipeError, match=rf"^vllm_recipe\.{placeholders[0]}: "):
+            normalise(document["vllm_recipe"])
+    recipe = normalise(_filled(document))
+    assert problems(recipe) == [], "F14/F17: the Quadlet deployment is sound"
+    assert recipe["deploy_mode"] == "quadlet"
+    assert re.search(r"@sha256:[0-9a-f]{64}$", recipe["image"]), "the image is pinned by digest"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_renders_the_exact_vllm_command_line(path):
+    document = _load(path)
+    head, *workers = _argvs(document)
+    assert head == HEAD_ARGV[path.stem]
+    for rank, argv in enumerate(workers, start=1):
+        expected = list(HEAD_ARGV[path.stem])
+        expected[expected.index("--node-rank") + 1] = str(rank)
+        assert argv == [*expected, "--headless"], f"rank {rank}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_flags_exist_in_vllm_0_32_0_or_are_declared(path):
+    document = _load(path)
+    unknown: list[str] = []
+    for argv in _argvs(document):
+        unknown += [f for f in unknown_flags(argv, FLAGS) if f not in unknown]
+    declared = document["requires"]["flags_outside_vllm_0_32_0"]
+    assert unknown == declared, (
+        f"{path.name}: flags outside vLLM 0.32.0's serve --help=all: {unknown}; the recipe"
+        f" declares {declared} (requires.flags_outside_vllm_0_32_0)"
+    )
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_choice_values_exist_in_vllm_0_32_0_or_are_declared(path):
+    document = _load(path)
+    argv = _argvs(document)[0]
+    outside = [
+        f"{flag} {argv[i + 1]}"
+        for i, flag in enumerate(argv[:-1])
+        if flag in CHOICES and argv[i + 1] not in CHOICES[flag]
+    ]
+    assert {"--kv-cache-dtype", "--tool-call-parser", "--moe-backend"} <= CHOICES.keys()
+    assert outside == document["requires"]["values_outside_vllm_0_32_0"], (
+        f"{path.name}: values outside vLLM 0.32.0's choices: {outside}"
+    )
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_plan_lint_is_clean(path):
+    """The plan's lint-only path (no boot observed yet) on the recipe as the inventory gives it."""
+    document = _load(path)
+    result = run_module(kv_budget, {"recipe": document["vllm_recipe"]})
+    assert not result.failed, result.result.get("msg")
+    found = {"error": [], "warning": []}
+    for violation in result.result["violations"]:
+        found[violation["severity"]].append(violation["id"])
+    assert found == LINT[path.stem], result.result["violations"]
+    assert result.result["served_max_model_len"] == document["vllm_recipe"]["max_model_len"]
+
+
+def test_seed_002_scheduled_tokens_match_the_recipe_figure():
+    """DSpark drafts in parallel: 8192 - (5 - 1) x 2 = 8184, as seed 002's boot log says (F15)."""
+    document = _load(RECIPES / "rtx_pro_6000_pair.yml")
+    result = run_module(
+        kv_budget, {"recipe": document["vllm_recipe"], "parallel_drafting": True}
+    ).result
+    assert result["scheduled_tokens"] == document["expected"]["scheduled_tokens"]["value"] == 8184
+    assert "F15" in [v["id"] for v in result["violations"] if v["severity"] == "warning"]
+
+
+def test_example_inventory_serves_the_dgx_spark_pair_recipe():
+    group_vars = yaml.safe_load((ROOT / "inventories/example/group_vars/all.yml").read_text())
+    assert group_vars["localinference_profile"] == "dgx_spark_pair"
+    assert "recipes/dgx_spark_pair.yml" in group_vars["vllm_recipe"]
+    assert ").vllm_recipe" in group_vars["vllm_recipe"]
