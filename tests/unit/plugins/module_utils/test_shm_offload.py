@@ -127,7 +127,13 @@ VERDICTS = [
     ("fifo", [entry(A, kind="other")], [entry(A, kind="other")], {}, {"skipped": {A: "not a regular file"}}),
     ("one live, one orphan", [entry(A), entry(B)], [entry(A), entry(B)], {"second": [((DEV, 102), 9, "mapped")]}, {"orphans": [A], "live": {B: [9]}}),
     ("unreadable evidence", [entry(A)], [entry(A)], {"refusals": ["cannot read /proc/9/maps"]}, {"orphans": [A], "refusals": ["cannot read /proc/9/maps"]}),
-    ("running owner container", [entry(A)], [entry(A)], {"owners": [{"id": "abc", "name": "vllm", "why": "mounts /dev/shm at /dev/shm"}]}, {"orphans": [A], "refusals": ["vllm (mounts /dev/shm"]}),
+    (
+        "running owner container",
+        [entry(A)],
+        [entry(A)],
+        {"owners": [{"id": "abc", "name": "vllm", "why": "mounts /dev/shm at /dev/shm"}]},
+        {"orphans": [A], "refusals": ["vllm (mounts /dev/shm"]},
+    ),
 ]
 
 
@@ -288,7 +294,14 @@ def fake_podman(tmp_path: Path, ps: str, inspect: str, rc: int = 0) -> str:
 
 PODMAN = [
     ("no running container", "", "", 0, ([], None)),
-    ("an owner", "abc\n", '[{"Id": "abcdef0123456789", "Name": "vllm-head", "Mounts": [{"Source": "/dev/shm", "Destination": "/dev/shm"}]}]', 0, (["vllm-head"], None)),
+    (
+        "an owner",
+        "abc\n",
+        '[{"Id": "abcdef0123456789", "Name": "vllm-head",'
+        ' "Mounts": [{"Source": "/dev/shm", "Destination": "/dev/shm"}]}]',
+        0,
+        (["vllm-head"], None),
+    ),
     ("not an owner", "abc\n", '[{"Id": "abc", "Name": "caddy", "Mounts": []}]', 0, ([], None)),
     ("inspect fails", "abc\n", "", 125, ([], "rc 125")),
     ("not JSON", "abc\n", "<html>", 0, ([], "did not print JSON")),
