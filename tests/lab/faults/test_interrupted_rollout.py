@@ -1,0 +1,124 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Rollouts cut short or refused, and the next run recovering by itself.
+
+1. The controller is interrupted (Ctrl-C) after the old units were stopped and
+   removed, before the new ones start: the endpoint is down, and the next
+   rollout of the same recipe brings it up with nothing done by hand.
+2. A corrupt image reference is refused while staging, naming the image;
+   nothing running is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from lab.harness import (
+    BIN,
+    EXTRA_ARGS,
+    HEAD,
+    HOSTS,
+    INVENTORY,
+    PLAYBOOKS,
+    ROOT,
+    SERVING_STATE,
+    ansible_env,
+    inventory_recipe,
+    read_json,
+    rollout,
+    streams_a_token,
+    unit_invocations,
+)
+
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_hosts")]
+
+# The task after which the old units are gone and the new ones not yet started.
+AFTER_RM = "Apply | rm - remove the old unit files"
+
+
+def interrupt_after(marker: str, recipe: dict, deadline: float = 600) -> str:
+    """Run the rollout of ``recipe`` and send it SIGINT (Ctrl-C) once ``marker`` has run."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump({"vllm_recipe": recipe}, handle)
+    argv = [
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(INVENTORY),
+        *EXTRA_ARGS,
+        str(PLAYBOOKS / "site.yml"),
+        "--tags",
+        "rollout",
+        "-e",
+        f"@{handle.name}",
+    ]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=ansible_env(),
+        start_new_session=True,
+    )
+    seen, started, armed = [], time.monotonic(), False
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if marker in line:
+                armed = True
+            elif armed and line.startswith(("changed:", "ok:")):
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+            if time.monotonic() - started > deadline:
+                break
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        Path(handle.name).unlink()
+    assert armed, "the rollout never reached its rm step:\n" + "".join(seen[-40:])
+    return "".join(seen)
+
+
+def test_a_rollout_interrupted_between_rm_and_start_is_recovered_by_the_next_run():
+    recipe = inventory_recipe()
+    changed = {**recipe, "max_num_seqs": recipe.get("max_num_seqs", 4) + 4}
+    try:
+        interrupt_after(AFTER_RM, changed)
+        assert not streams_a_token(timeout=10), "the old engine still serves after rm"
+        again = rollout(changed, tags="rollout")
+        assert again.rc == 0, again.tail()
+        assert streams_a_token(timeout=60)
+        hashes = {read_json(host, SERVING_STATE)["recipe_hash"] for host in HOSTS}
+        assert len(hashes) == 1, f"the nodes disagree after the recovery: {hashes}"
+    finally:
+        back = rollout(tags="rollout")
+    assert back.rc == 0, back.tail()
+    assert streams_a_token(timeout=60)
+
+
+def test_a_corrupt_image_reference_is_refused_while_staging():
+    recipe = inventory_recipe()
+    image = recipe["image"].split("@")[0] + "@sha256:" + "0" * 64
+    invocations = unit_invocations()
+    state = read_json(HEAD, SERVING_STATE)
+    run = rollout({**recipe, "image": image}, tags="rollout")
+    assert run.rc != 0
+    assert image in run.flat, run.tail()
+    assert unit_invocations() == invocations
+    assert read_json(HEAD, SERVING_STATE) == state
+    assert streams_a_token(timeout=30)
+    # The refused recipe's plan was saved (the evidence of the refusal): plan the
+    # inventory's recipe again, as the lab was found. Nothing restarts.
+    back = rollout(tags="rollout")
+    assert back.rc == 0, back.tail()
+    assert unit_invocations() == invocations
