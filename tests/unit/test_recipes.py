@@ -32,8 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
 HELP = (ROOT / "tests" / "unit" / "fixtures" / "vllm-0.32.0" / "serve-help-all.txt").read_text()
 FLAGS = parse_help_flags(HELP)
-# The seeds quoted by seed-sourced figures; present in the development tree, not in CI.
-SEEDS = Path("/work/shared/seeds")
+# The seeds quoted by seed-sourced figures: the project's shared/ beside the
+# checkout (the development tree and CI have it; a user's checkout may not).
+SEEDS = ROOT.parent / "shared" / "seeds"
 # Stands in for a REQUIRED placeholder so the rest of the recipe can be rendered.
 STAND_IN = {"image": "registry.invalid/localinference/stand-in@sha256:" + "0" * 64}
 # Every figure a recipe must state (value null only when the source says it is not published).
@@ -276,7 +277,7 @@ def _seed_quotes() -> list[tuple[str, str, str, str]]:
 )
 def test_seed_quotes_are_verbatim(figure, seed, section, quote):
     if not SEEDS.is_dir():
-        pytest.skip(f"{SEEDS} is not on this machine: seed quotes checked in the development tree")
+        pytest.skip(f"{SEEDS} is not beside this checkout: the seed quotes need the project's shared/")
     text = (SEEDS / seed).read_text()
     assert section in text, f"{figure}: section {section!r} not in seed {seed}"
     assert quote in text, f"{figure}: quote not verbatim in seed {seed}"
