@@ -1,0 +1,33 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The doctor's judge as filters; the judgement lives in ``module_utils/_doctor.py``.
+
+- ``doctor_findings``: the gathered evidence (see ``_doctor.judge``) judged:
+  ``{healthy, verdict, findings, checked}``; never raises on malformed evidence.
+- ``doctor_probe_urls``: the ingress health URLs the head's saved ingress result lists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible_collections.localinference.vllm.plugins.module_utils._doctor import (
+    judge,
+    probe_urls,
+)
+
+
+def doctor_findings(evidence: Any) -> dict[str, Any]:
+    return judge(evidence)
+
+
+def doctor_probe_urls(evidence: Any) -> list[str]:
+    return probe_urls(evidence)
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "doctor_findings": doctor_findings,
+            "doctor_probe_urls": doctor_probe_urls,
+        }
