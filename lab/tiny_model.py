@@ -2,18 +2,24 @@
 
 """Generate the lab's tiny DeepSeek-flavoured Llama (no model hub needed).
 
-A deterministic, seeded Llama (hidden 128, 2 layers, head_dim 32 - CPU
-attention needs head sizes of 32, 64, 80, ...), random bf16 weights saved as
-safetensors, a byte-level BPE tokenizer trained with ``tokenizers`` on the
-licence texts every Debian system ships (/usr/share/common-licenses, package
+A Llama (hidden 128, 2 layers, head_dim 32 - CPU attention needs head sizes of
+32, 64, 80, ...) whose bf16 weights are written by hand so that its output is
+a script (issue 11): with no tools offered, or once a tool result is in the
+conversation, it reasons briefly, closes ``</think>`` and answers
+``Hello from the scripted lab model.``; with tools offered and no result yet it
+reasons and calls one tool (``read`` of ``.``) in the DeepSeek-V3 format.
+Greedy and temperature-1 sampling give the same tokens (logit margin >= 25).
+The tokenizer is a byte-level BPE trained with ``tokenizers`` on the licence
+texts every Debian system ships (/usr/share/common-licenses, package
 base-files), a DeepSeek-style chat template, and the added tokens that vLLM's
 ``deepseek_r1`` reasoning parser (``<think>``/``</think>``) and ``deepseek_v3``
 tool parser (``<｜tool▁calls▁begin｜>`` ...) look up in the vocabulary, so that
 ``--reasoning-parser deepseek_r1 --tool-call-parser deepseek_v3
---enable-auto-tool-choice`` start.
+--enable-auto-tool-choice`` start and have something real to parse.
 
 Run with the lab vLLM venv's Python (it has torch, transformers, tokenizers):
     .lab/vllm-venv/bin/python lab/tiny_model.py --output .lab/models/tiny-deepseek
+    .lab/vllm-venv/bin/python lab/tiny_model.py --verify .lab/models/tiny-deepseek
 """
 
 from __future__ import annotations
@@ -54,6 +60,41 @@ TOOL_TOKENS = (
 # are plain added tokens (as in DeepSeek's own tokenizers) so parsers see them.
 SPECIAL_TOKENS = (BOS, EOS, PAD)
 ADDED_TOKENS = (USER, ASSISTANT, THINK_START, THINK_END, *TOOL_TOKENS)
+
+# The script (issue 11). The tool is one the real opencode client offers and
+# runs without network or ripgrep (opencode 1.18.33's ``read`` of a directory
+# lists at most ``limit`` entries of it; its ``glob`` needs ripgrep);
+# qualification checks declare a tool of the same name.
+TOOL_NAME = "read"
+TOOL_ARGUMENTS = '{"filePath": ".", "limit": 50}'
+REASONING_ANSWER = "The scripted lab model has what it needs and answers now."
+REASONING_TOOL = "The scripted lab model reads the working directory first."
+ANSWER = "Hello from the scripted lab model."
+_SPLIT = TOOL_ARGUMENTS.index(": ") + 2
+TOOL_CALL_HEAD = TOOL_NAME + "\n```json\n" + TOOL_ARGUMENTS[:_SPLIT]
+TOOL_CALL_TAIL = TOOL_ARGUMENTS[_SPLIT:] + "\n```"
+# Appended after every existing token (ids unchanged). No ordinary text
+# contains them, so prompts tokenize exactly as before; both halves of the call
+# hold a space that a client sending the call back drops (opencode sends
+# '{"filePath":".","limit":50}'), so the tool-result turn does not match them
+# either. The call is split in two so vLLM's streaming deepseek_v3 parser sends
+# the name on one token and the arguments on the next (one token for both
+# streams no arguments at all).
+SCRIPT_TOKENS = (REASONING_ANSWER, REASONING_TOOL, ANSWER, TOOL_CALL_HEAD, TOOL_CALL_TAIL)
+TOOL_CALL_TYPE = "function"  # BPE pieces of the existing vocabulary
+TOOL_CALL_TEXT = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>" + TOOL_CALL_TYPE + "<｜tool▁sep｜>"
+    + TOOL_CALL_HEAD + TOOL_CALL_TAIL + "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+)  # fmt: skip
+# What the model writes after the generation prompt (`<｜Assistant｜><think>\n`),
+# EOS not included: "answer" without tools or once a tool result is present
+# (`<｜tool▁outputs▁begin｜>` in the context), "tool" otherwise when the
+# template wrote the tools section (it contains `<｜tool▁calls▁begin｜>`).
+EXPECTED_TEXT = {
+    "answer": REASONING_ANSWER + THINK_END + ANSWER,
+    "tool": REASONING_TOOL + THINK_END + TOOL_CALL_TEXT,
+}
+ROPE_THETA = 1e12  # the slowest rotary pair turns < 1e-6 rad over 131072 positions
 
 # DeepSeek-V3/R1 style: system text first, tools described in the system part,
 # tool calls in the DeepSeek-V3 format the deepseek_v3 tool parser reads, and a
@@ -138,6 +179,7 @@ def build_tokenizer(files: list[Path]):
     )
     tok.train([str(p) for p in files], trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in SCRIPT_TOKENS])
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -151,6 +193,166 @@ def build_tokenizer(files: list[Path]):
     return fast
 
 
+def script_chains(tokenizer) -> dict[str, list[int]]:
+    """Token ids of each path of the script, EOS last."""
+
+    def one(token: str) -> int:
+        ids = tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise SystemExit(f"tiny_model: {token!r} is not a single token: {ids}")
+        return ids[0]
+
+    call_type = tokenizer.encode(TOOL_CALL_TYPE, add_special_tokens=False)
+    tools = [one(t) for t in TOOL_TOKENS[:5]]  # calls begin/end, call begin/end, sep
+    chains = {
+        "answer": [one(REASONING_ANSWER), one(THINK_END), one(ANSWER)],
+        "tool": [
+            one(REASONING_TOOL), one(THINK_END), tools[0], tools[2], *call_type, tools[4],
+            one(TOOL_CALL_HEAD), one(TOOL_CALL_TAIL), tools[3], tools[1],
+        ],
+    }  # fmt: skip
+    for name, chain in chains.items():
+        # the next token is a function of the last one (and the path): no repeats
+        if len(set(chain)) != len(chain):
+            raise SystemExit(f"tiny_model: the {name} script repeats a token: {chain}")
+        chain.append(tokenizer.eos_token_id)
+    return chains
+
+
+# Residual stream layout (hidden 128). Every token embeds as CONST plus exactly
+# one of FILLER / TOOL_OUTPUTS / its script one-hot, so RMSNorm sees the same
+# norm everywhere; layer 1's attention adds one of TOOLS_ON/OFF and one of
+# RESULT_ON/OFF.
+D_CONST, D_FILLER, D_TOOL_OUTPUTS = 0, 1, 2
+D_TOOLS_ON, D_TOOLS_OFF, D_RESULT_ON, D_RESULT_OFF = 3, 4, 5, 6
+D_SCRIPT = 8  # one-hot of each script token as the last token (up to 56)
+D_NEXT = 64  # one dim per possible next token (up to 64)
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 128, 256, 4, 2, 32
+# Attention score of a marker token (the flag's weight on the rest of the
+# context is below 131072 * e**-40); the MLP's gate margin is +-GATE/2.
+SCORE, GATE, DOWN, LM = 40.0, 20.0, 2.0, 4.0
+ROTARY_FREE = HEAD_DIM // 2 - 1  # dims 15 and 31: the slowest rotary pair
+# The path a context is on, as a partition of the two flags.
+CELLS = {
+    "answer": ((D_TOOLS_OFF,), (D_TOOLS_ON, D_RESULT_ON)),
+    "tool": ((D_TOOLS_ON, D_RESULT_OFF),),
+}
+
+
+def scripted_weights(tokenizer, vocab_size: int, chains: dict[str, list[int]]) -> dict:
+    """The state dict: layer 0 does nothing, layer 1 does everything.
+
+    Layer 1 attention: head 0 (KV head 0) attends only to
+    `<｜tool▁calls▁begin｜>`, head 2 (KV head 1) only to
+    `<｜tool▁outputs▁begin｜>` (query constant, key large on the marker, in the
+    rotary pair that does not turn), so the value they read says "present" or,
+    attending uniformly to ordinary tokens, "absent". The MLP's neurons are
+    ANDs (last token, path cell) -> next token; lm_head reads the winner.
+    Layer 0 is left empty so the lab's sliding-window variant (layer 0 with a
+    512-token window, benchmarks/kv_calibration.py) says the same.
+    """
+    import torch
+
+    marker_calls = tokenizer.convert_tokens_to_ids(TOOL_TOKENS[0])
+    marker_outputs = tokenizer.convert_tokens_to_ids(TOOL_TOKENS[5])
+    last_tokens = sorted({t for chain in chains.values() for t in chain[:-1]})
+    next_tokens = sorted({t for chain in chains.values() for t in chain})
+    if len(last_tokens) > D_NEXT - D_SCRIPT or len(next_tokens) > HIDDEN - D_NEXT:
+        raise SystemExit("tiny_model: the script is too long for the hidden size")
+    if marker_outputs in last_tokens:
+        raise SystemExit("tiny_model: the script may not emit <｜tool▁outputs▁begin｜>")
+    script_dim = {t: D_SCRIPT + i for i, t in enumerate(last_tokens)}
+    next_dim = {t: D_NEXT + i for i, t in enumerate(next_tokens)}
+
+    embed = torch.zeros(vocab_size, HIDDEN)
+    embed[:, D_CONST] = 1.0
+    embed[:, D_FILLER] = 1.0
+    for token, dim in [*script_dim.items(), (marker_outputs, D_TOOL_OUTPUTS)]:
+        embed[token, D_FILLER] = 0.0
+        embed[token, dim] = 1.0
+
+    # Layer 1 attention reads the embedding alone: two dims of 1 normalize to 8.
+    unit_in = (HIDDEN / 2) ** 0.5
+    qk = (SCORE * HEAD_DIM**0.5) ** 0.5 / unit_in
+    q = torch.zeros(HEADS * HEAD_DIM, HIDDEN)
+    k = torch.zeros(KV_HEADS * HEAD_DIM, HIDDEN)
+    v = torch.zeros(KV_HEADS * HEAD_DIM, HIDDEN)
+    o = torch.zeros(HIDDEN, HEADS * HEAD_DIM)
+    groups = HEADS // KV_HEADS
+    detectors = [
+        (script_dim[marker_calls], D_TOOLS_ON, D_TOOLS_OFF),
+        (D_TOOL_OUTPUTS, D_RESULT_ON, D_RESULT_OFF),
+    ]
+    for kv_head, (marker_dim, on, off) in enumerate(detectors):
+        head = kv_head * groups  # the other query head of the group stays zero
+        base = kv_head * HEAD_DIM
+        q[head * HEAD_DIM + ROTARY_FREE, D_CONST] = qk
+        k[base + ROTARY_FREE, marker_dim] = qk
+        v[base + 0, marker_dim] = 1.0 / unit_in  # "present": 1 on the marker
+        v[base + 1, D_CONST] = 1.0 / unit_in  # "absent": 1 on every other token
+        v[base + 1, marker_dim] = -1.0 / unit_in
+        o[on, head * HEAD_DIM + 0] = 1.0
+        o[off, head * HEAD_DIM + 1] = 1.0
+
+    # The MLP reads four dims of 1 (const, token, two flags): each normalizes to u.
+    unit = (HIDDEN / 4) ** 0.5
+    gate = torch.zeros(INTERMEDIATE, HIDDEN)
+    up = torch.zeros(INTERMEDIATE, HIDDEN)
+    down = torch.zeros(HIDDEN, INTERMEDIATE)
+    neuron = 0
+    for path, chain in chains.items():
+        scripted = chain[:-1]
+        for cell in CELLS[path]:
+            # (last, next) pairs of this path plus the default: any other last
+            # token starts the path's script
+            for last, nxt in [*zip(scripted, chain[1:], strict=True), (None, chain[0])]:
+                for flag in cell:
+                    gate[neuron, flag] = GATE / unit
+                if last is None:
+                    gate[neuron, D_CONST] = GATE / unit
+                    for token in scripted:
+                        gate[neuron, script_dim[token]] = -GATE / unit
+                else:
+                    gate[neuron, script_dim[last]] = GATE / unit
+                gate[neuron, D_CONST] -= GATE * (len(cell) + 0.5) / unit
+                up[neuron, D_CONST] = 1.0 / unit
+                down[next_dim[nxt], neuron] = DOWN
+                neuron += 1
+    if neuron > INTERMEDIATE:
+        raise SystemExit(
+            f"tiny_model: the script needs {neuron} neurons, the MLP has {INTERMEDIATE}"
+        )
+
+    lm_head = torch.zeros(vocab_size, HIDDEN)
+    for token, dim in next_dim.items():
+        lm_head[token, dim] = LM
+
+    ones = torch.ones(HIDDEN)
+    state = {
+        "model.embed_tokens.weight": embed,
+        "model.norm.weight": ones,
+        "lm_head.weight": lm_head,
+    }
+    for layer in range(2):
+        live = layer == 1
+        prefix = f"model.layers.{layer}."
+        parts = {
+            "input_layernorm.weight": ones,
+            "post_attention_layernorm.weight": ones,
+            "self_attn.q_proj.weight": q,
+            "self_attn.k_proj.weight": k,
+            "self_attn.v_proj.weight": v,
+            "self_attn.o_proj.weight": o,
+            "mlp.gate_proj.weight": gate,
+            "mlp.up_proj.weight": up,
+            "mlp.down_proj.weight": down,
+        }
+        for name, tensor in parts.items():
+            keep = live or name.endswith("layernorm.weight")
+            state[prefix + name] = tensor if keep else torch.zeros_like(tensor)
+    return {name: t.to(torch.bfloat16).contiguous() for name, t in state.items()}
+
+
 def build_model(tokenizer, out: Path) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -158,15 +360,15 @@ def build_model(tokenizer, out: Path) -> None:
     torch.manual_seed(SEED)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
         max_position_embeddings=MAX_POSITION_EMBEDDINGS,
         rms_norm_eps=1e-6,
-        rope_theta=10000.0,
+        rope_theta=ROPE_THETA,
         tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -174,12 +376,109 @@ def build_model(tokenizer, out: Path) -> None:
         dtype="bfloat16",
     )
     model = LlamaForCausalLM(config).to(torch.bfloat16)
+    weights = scripted_weights(tokenizer, len(tokenizer), script_chains(tokenizer))
+    model.load_state_dict(weights, strict=True)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     model.save_pretrained(out, safe_serialization=True)
+
+
+def _conversations() -> dict[str, tuple[str, list[dict], list[dict] | None]]:
+    """Probe conversations: name -> (expected path, messages, tools)."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": TOOL_NAME,
+            "description": "Read a file or directory.",
+            "parameters": {
+                "type": "object",
+                "properties": {"filePath": {"type": "string"}},
+                "required": ["filePath"],
+            },
+        },
+    }
+    call = {"id": "call_1", "type": "function"}
+    call["function"] = {"name": TOOL_NAME, "arguments": json.dumps(json.loads(TOOL_ARGUMENTS))}
+    compact = {**call, "function": {**call["function"]}}
+    compact["function"]["arguments"] = json.dumps(json.loads(TOOL_ARGUMENTS), separators=(",", ":"))
+    long_system = " ".join(f"Rule {i}: keep the function small and readable." for i in range(400))
+    user = {"role": "user", "content": "Say hello."}
+    result = [
+        user,
+        {"role": "assistant", "content": "", "tool_calls": [compact]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "README.md\n"},
+    ]
+    return {
+        "no-tools": ("answer", [user], None),
+        "title": (
+            "answer",
+            [{"role": "system", "content": "You are a title generator."}, user, user],
+            None,
+        ),
+        "tools": ("tool", [{"role": "system", "content": "You are a coding agent."}, user], [tool]),
+        "tools-long": ("tool", [{"role": "system", "content": long_system}, user], [tool]),
+        "no-tools-long": ("answer", [{"role": "system", "content": long_system}, user], None),
+        "tool-result": ("answer", result, [tool]),
+        "tool-result-no-tools": ("answer", result, None),
+    }
+
+
+def verify(model_dir: Path, samples: int = 3) -> dict:
+    """Greedy and temperature-1 generations follow the script, with margins."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    chains = script_chains(tokenizer)
+    first_script_id = min(tokenizer.convert_tokens_to_ids(list(SCRIPT_TOKENS)))
+    report: dict = {"cases": {}, "failures": []}
+    for name, (path, messages, tools) in _conversations().items():
+        rendered = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        prompt = tokenizer.encode(rendered, add_special_tokens=False)
+        expected = chains[path]
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + expected])).logits[0, len(prompt) - 1 : -1]
+        top2 = logits.float().topk(2, dim=-1)
+        chosen = top2.indices[:, 0].tolist()
+        margin = float((top2.values[:, 0] - top2.values[:, 1]).min())
+        runs = []
+        for seed in range(samples + 1):
+            torch.manual_seed(seed)
+            options = {"do_sample": False}
+            if seed:  # temperature 1 over the whole vocabulary, as vLLM's defaults
+                options = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+            out = model.generate(ids, max_new_tokens=len(expected) + 4, **options)
+            runs.append(out[0, len(prompt) :].tolist())
+        text = tokenizer.decode(runs[0], skip_special_tokens=True)
+        case = {
+            "path": path,
+            "prompt_tokens": len(prompt),
+            "margin": round(margin, 2),
+            "text": text,
+            "new_ids_in_prompt": sorted({t for t in prompt if t >= first_script_id}),
+        }
+        report["cases"][name] = case
+        problems = []
+        if chosen != expected:
+            problems.append(f"argmax {chosen} != script {expected}")
+        if margin < 25:
+            problems.append(f"logit margin {margin:.1f} < 25")
+        if any(run != expected for run in runs):
+            problems.append(f"generated {runs} != script {expected}")
+        if text != EXPECTED_TEXT[path]:
+            problems.append(f"text {text!r} != {EXPECTED_TEXT[path]!r}")
+        if case["new_ids_in_prompt"]:
+            problems.append(f"the prompt uses script tokens {case['new_ids_in_prompt']}")
+        report["failures"] += [f"{name}: {p}" for p in problems]
+    return report
 
 
 def file_digests(out: Path) -> dict[str, str]:
@@ -209,6 +508,12 @@ def generate(output: Path, corpus_dir: Path) -> dict:
             "corpus_files": [p.name for p in files],
             "corpus_sha256": corpus_digest(files),
             "vocab_size": len(tokenizer),
+            "script": {
+                "tool_name": TOOL_NAME,
+                "tool_arguments": TOOL_ARGUMENTS,
+                "expected_text": EXPECTED_TEXT,
+                "token_ids": script_chains(tokenizer),
+            },
             "files": file_digests(tmp),
         }
         (tmp / "lab-model.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
@@ -226,7 +531,11 @@ def generate(output: Path, corpus_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path, required=True, help="model directory to (re)create")
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--output", type=Path, help="model directory to (re)create")
+    action.add_argument(
+        "--verify", type=Path, help="check a model directory follows the script (exit 1 if not)"
+    )
     parser.add_argument(
         "--corpus-dir", type=Path, default=CORPUS_DIR, help="tokenizer training text"
     )
@@ -234,6 +543,14 @@ def main(argv: list[str] | None = None) -> int:
         "--print-corpus-digest", action="store_true", help="print the corpus digest and exit"
     )
     args = parser.parse_args(argv)
+    if args.verify:
+        if not (args.verify / "config.json").is_file():
+            raise SystemExit(
+                f"tiny_model: --verify {args.verify}: no config.json (build it with --output)"
+            )
+        report = verify(args.verify)
+        print(json.dumps(report, indent=2))
+        return 1 if report["failures"] else 0
     if args.print_corpus_digest:
         print(corpus_digest(corpus_files(args.corpus_dir)))
         return 0
