@@ -3,7 +3,9 @@
 """Preflight's judgements, run on the controller; the logic lives in module_utils/_preflight.py.
 
 - ``preflight_rank``: ``ansible_facts.memory | preflight_rank(ansible_facts.gpu, thresholds, host)``
-  -> this node's summary with its findings (F4, F13, F5).
+  -> this node's summary with its findings (F4, F13, F5); given ``ansible_facts.host_stack`` and
+  the host-stack options as well, also its ``host_stack`` summary and the host-stack findings
+  (F21, F22, F24, F26; module_utils/_host_stack.py).
 - ``preflight_silent_verdict``: the registered probe results about a node that did not
   answer -> ``{class: saturated|unreachable, evidence, load_1m, advice, findings}`` (F5).
 - ``preflight_cluster``: ``hostvars | preflight_cluster(ansible_play_hosts_all, ansible_play_hosts)``
@@ -16,6 +18,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.localinference.vllm.plugins.module_utils._host_stack import (
+    HostStackInputError,
+    judge_node,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._preflight import (
     PreflightInputError,
     judge_cluster,
@@ -29,10 +35,17 @@ def preflight_rank(
     gpu: Mapping[str, Any] | None,
     thresholds: Mapping[str, Any],
     host: str = "",
+    host_stack: Mapping[str, Any] | None = None,
+    stack_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     try:
-        return rank_summary(memory, gpu, thresholds, host)
-    except PreflightInputError as exc:
+        summary = rank_summary(memory, gpu, thresholds, host)
+        if host_stack is not None:
+            judged = judge_node(host_stack, gpu, stack_options or {}, host)
+            summary["host_stack"] = judged["summary"]
+            summary["findings"] = [*summary["findings"], *judged["findings"]]
+        return summary
+    except (PreflightInputError, HostStackInputError) as exc:
         raise AnsibleFilterError(f"preflight_rank: {exc}") from None
 
 

@@ -20,6 +20,9 @@ Finding ids (one finding type, :mod:`._findings`):
   a silent node judged SATURATED from outside evidence.
 - ``unreachable``: a silent node where nothing answers (or SSH refuses).
 - ``incomplete``: a node whose preflight tasks failed.
+- ``F21``-``F26`` (host stack): judged per node by ``_host_stack.judge_node`` through the
+  ``preflight_rank`` filter; F23 (versions) and F25 (disk for the weights) compare nodes and
+  are added here by ``_host_stack.judge_cluster_stack``.
 
 Every finding carries ``host`` and ``check`` (``free_memory``, ``swap``, ``psi``,
 ``shm``, ``load``, ``silent``, ``incomplete``).
@@ -34,6 +37,9 @@ from typing import Any
 from ansible_collections.localinference.vllm.plugins.module_utils._findings import (
     errors,
     finding,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._host_stack import (
+    judge_cluster_stack,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (
     ProcParseError,
@@ -434,6 +440,11 @@ def judge_cluster(
             silent[host] = dict(values["preflight_unresponsive"])
         else:
             silent[host] = incomplete_verdict(host)
+    # F23 (versions) and F25 (the head's manifest sizes every node's disk) compare nodes.
+    stacks = {host: rank["host_stack"] for host, rank in nodes.items() if rank.get("host_stack")}
+    for host, extra in judge_cluster_stack(stacks).items():
+        if extra:
+            nodes[host]["findings"] = [*nodes[host].get("findings", []), *extra]
     weakest = weakest_rank(nodes)
     findings = [f for rank in nodes.values() for f in rank.get("findings", [])]
     findings += [f for verdict in silent.values() for f in verdict.get("findings", [])]
@@ -454,7 +465,7 @@ def _finding_line(f: Mapping[str, Any]) -> str:
     text = f"{f.get('host', '')}: {f['message']}"
     if f.get("fix"):
         text += f"; {f['fix']}"
-    return f"{text} [{f['id']}]"
+    return f"{text} [{f['id']}{' warning' if f.get('severity') == 'warning' else ''}]"
 
 
 def report(
