@@ -35,10 +35,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -353,6 +354,78 @@ def rollout(
     if recipe is not None:
         variables["vllm_recipe"] = dict(recipe)
     return run_playbook("site.yml", tags=tags, extra_vars=variables or None, timeout=timeout)
+
+
+def playbook_with_action(
+    playbook: str | Path,
+    marker: str,
+    action: Callable[[subprocess.Popen], None],
+    *,
+    tags: str | None = None,
+    extra_vars: Mapping[str, Any] | None = None,
+    interrupt: bool = False,
+    timeout: float = PLAYBOOK_TIMEOUT,
+) -> tuple[PlaybookRun, bool]:
+    """Run ``playbook`` and call ``action(proc)`` once the task named ``marker`` reports a result.
+
+    The fault happens *inside* the run (a link going down during start, a disk
+    filling during a copy). With ``interrupt`` the action stops the run (Ctrl-C)
+    and the run is then only waited for, pressing Ctrl-C again, then SIGTERM, as
+    an operator would. Output is drained the whole time: ansible-playbook blocks
+    on a full pipe. Returns the run and whether the action fired.
+    """
+    argv = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), *EXTRA_ARGS]
+    argv += [str(playbook_path(playbook))] + (["--tags", tags] if tags else [])
+    with tempfile.TemporaryDirectory(prefix="lab-vars-") as tmp:
+        if extra_vars is not None:
+            file = Path(tmp) / "extra-vars.json"
+            file.write_text(json.dumps(extra_vars))
+            argv += ["-e", f"@{file}"]
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=ROOT, env=ansible_env(), start_new_session=True,
+        )
+        seen: list[str] = []
+        fired = threading.Event()
+
+        def read() -> None:
+            armed = False
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                seen.append(line)
+                if marker in line:
+                    armed = True
+                elif armed and not fired.is_set() and line.startswith(("changed:", "ok:", "skipping:")):
+                    fired.set()
+                    action(proc)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            if interrupt:
+                fired.wait(timeout)
+                for sig, grace in ((None, 60), (signal.SIGINT, 30), (signal.SIGTERM, 30)):
+                    if sig is not None and proc.poll() is None:
+                        os.killpg(proc.pid, sig)
+                    try:
+                        proc.wait(timeout=grace)
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
+            proc.wait(timeout=max(1.0, timeout - (time.monotonic() - started)))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise LabError(
+                f"{shlex.join(argv)} did not finish within {timeout:g} s and was stopped;"
+                f" last output:\n{_tail(''.join(seen))}"
+            ) from None
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc)
+            reader.join(timeout=10)
+    run = PlaybookRun(argv, proc.returncode, "".join(seen), "", time.monotonic() - started)
+    return run, fired.is_set()
 
 
 def inventory_var(name: str, host: str = HEAD) -> Any:

@@ -11,27 +11,18 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import tempfile
-import time
-from pathlib import Path
 
 import pytest
 
 from lab.harness import (
-    BIN,
-    EXTRA_ARGS,
     HEAD,
     HOSTS,
-    INVENTORY,
-    PLAYBOOKS,
-    ROOT,
     SERVING_STATE,
-    ansible_env,
+    PlaybookRun,
     inventory_recipe,
+    playbook_with_action,
     read_json,
     rollout,
     streams_a_token,
@@ -44,49 +35,19 @@ pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_hosts")]
 AFTER_RM = "Apply | rm - remove the old unit files"
 
 
-def interrupt_after(marker: str, recipe: dict, deadline: float = 600) -> str:
-    """Run the rollout of ``recipe`` and send it SIGINT (Ctrl-C) once ``marker`` has run."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump({"vllm_recipe": recipe}, handle)
-    argv = [
-        str(BIN / "ansible-playbook"),
-        "-i",
-        str(INVENTORY),
-        *EXTRA_ARGS,
-        str(PLAYBOOKS / "site.yml"),
-        "--tags",
-        "rollout",
-        "-e",
-        f"@{handle.name}",
-    ]
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-        env=ansible_env(),
-        start_new_session=True,
+def interrupt_after(marker: str, recipe: dict) -> PlaybookRun:
+    """Run the rollout of ``recipe`` and press Ctrl-C once ``marker`` has run."""
+    run, fired = playbook_with_action(
+        "site.yml",
+        marker,
+        lambda proc: os.killpg(proc.pid, signal.SIGINT),
+        tags="rollout",
+        extra_vars={"vllm_recipe": recipe},
+        interrupt=True,
+        timeout=900,
     )
-    seen, started, armed = [], time.monotonic(), False
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            seen.append(line)
-            if marker in line:
-                armed = True
-            elif armed and line.startswith(("changed:", "ok:")):
-                os.killpg(proc.pid, signal.SIGINT)
-                break
-            if time.monotonic() - started > deadline:
-                break
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        Path(handle.name).unlink()
-    assert armed, "the rollout never reached its rm step:\n" + "".join(seen[-40:])
-    return "".join(seen)
+    assert fired, "the rollout never reached its rm step:\n" + run.tail()
+    return run
 
 
 def test_a_rollout_interrupted_between_rm_and_start_is_recovered_by_the_next_run():
