@@ -38,6 +38,8 @@ from ansible_collections.localinference.vllm.plugins.module_utils._doctor_contex
     finding_list,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._doctor_evidence import (
+    SERVER_UNIT,
+    NodeEvidence,
     Unit,
     clip,
     first_line,
@@ -50,6 +52,8 @@ UPSTREAM_DOWN = (502, 503, 504)
 # Podman's refusal of --ipc=host with --shm-size (podman issues 14609, 16632).
 IPC_SHM_REFUSAL = "cannot set shmsize when running in the"
 OFFLOAD_MMAP_FAILURE = ("[Errno 14] Bad address",)
+# What vLLM's API server prints once it serves (uvicorn).
+STARTUP_COMPLETE = "Application startup complete"
 # What GPU builds of vLLM print when kv_cache_memory_bytes pins the cache (seed 000).
 PROFILING_SKIPPED = "does not respect the gpu_memory_utilization"
 # serving_state's difference for a node without serving.json.
@@ -263,11 +267,24 @@ def check_f11(d: Doctor) -> None:
         url = str(probe.get("url") or "the ingress")
         if status in UPSTREAM_DOWN:
             body = probe.get("content") or probe.get("msg") or ""
+            if _starting(d.head_node()):
+                d.add(
+                    "F11",
+                    "warning",
+                    d.head,
+                    f"the ingress answers {status} at {url}: the vLLM server is still starting "
+                    "(its boot log has no 'Application startup complete' yet)",
+                    f"HTTP {status}: {_error_message(body)}",
+                    "wait for the start (the rollout waits for a streamed token), then run the "
+                    "doctor again",
+                )
+                continue
             d.add(
                 "F11",
                 "error",
                 d.head or "controller",
-                f"the ingress answers {status} at {url}: the vLLM server behind it is down",
+                f"the ingress answers {status} at {url}: the vLLM server behind it does not "
+                "answer (down or restarting)",
                 f"HTTP {status}: {_error_message(body)}",
                 "the ingress names the unit to look at; a dead engine comes back with the "
                 "rollout (--tags rollout)",
@@ -281,6 +298,19 @@ def check_f11(d: Doctor) -> None:
                 clip(probe.get("msg") or "no answer"),
                 "check Caddy on the head (systemctl status caddy) and run --tags ingress",
             )
+
+
+def _starting(node: NodeEvidence | None) -> bool:
+    """The head's server unit is up and its whole boot log so far has not finished start-up."""
+    if node is None or not node.journal_complete:
+        return False
+    unit = node.units.get(SERVER_UNIT)
+    return (
+        unit is not None
+        and unit.get("ActiveState") in ("active", "activating")
+        and unit.get("SubState") != "auto-restart"
+        and STARTUP_COMPLETE not in node.journal_text
+    )
 
 
 def _error_message(body: Any) -> str:

@@ -121,6 +121,8 @@ class NodeEvidence:
     units: dict[str, Unit] = field(default_factory=dict)
     journal_unit: str | None = None
     journal_text: str = ""
+    # The whole boot since the unit's start is in journal_text (not only its newest lines).
+    journal_complete: bool = False
     log: dict[str, Any] | None = None
     state: dict[str, Any] | None = None
     state_error: str | None = None
@@ -320,6 +322,7 @@ def _journal(host: str, raw: Any, node: NodeEvidence, problems: list[dict[str, s
         return
     node.journal_unit = unit
     node.journal_text = text
+    node.journal_complete = bool(raw.get("since")) and raw.get("truncated") is False
     if not text.strip() or text.strip() == "-- No entries --":
         return
     try:

@@ -84,7 +84,10 @@ ansible_facts:
           returned: always
           type: dict
         journal:
-          description: C(unit), C(since) (null without a start time), C(text), C(error); null without O(journal_unit).
+          description:
+            - C(unit), C(since) (null without a start time), C(text), C(error) and C(truncated) (the
+              boot has more lines than O(journal_lines), so its first lines are not in C(text)).
+            - Null without O(journal_unit).
           returned: always
           type: dict
 """
@@ -151,7 +154,13 @@ def _journal(module: AnsibleModule, runner: Runner, unit: str, since: str | None
     argv += ["-o", "short", "-n", str(params["journal_lines"])]
     if since:
         argv += ["--since", since]
-    record: dict[str, Any] = {"unit": unit, "since": since, "text": None, "error": None}
+    record: dict[str, Any] = {
+        "unit": unit,
+        "since": since,
+        "text": None,
+        "error": None,
+        "truncated": False,
+    }
     try:
         rc, out, err = runner.run(argv, "the journal may be huge or journald busy")
     except CommandError as exc:
@@ -161,6 +170,10 @@ def _journal(module: AnsibleModule, runner: Runner, unit: str, since: str | None
         record["error"] = f"journalctl -u {unit} failed (rc={rc}): {err.strip()[:300]}"
         return record
     record["text"] = out[-params["max_bytes"] :]
+    # The newest lines only: the start of a long boot is cut (its start-up lines are not here).
+    record["truncated"] = (
+        out.count("\n") >= params["journal_lines"] or len(out) > params["max_bytes"]
+    )
     return record
 
 

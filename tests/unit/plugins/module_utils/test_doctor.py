@@ -115,6 +115,11 @@ def build(case: dict[str, Any]) -> Any:
             gathered["units"][unit] = {"stdout": source, "error": None}
         if host in case.get("journal", {}):
             gathered["journal"]["text"] = _text(case["journal"][host])
+        if host in case.get("journal_until", {}):
+            # The recorded boot as it was before a line: a start still in progress.
+            text = gathered["journal"]["text"]
+            cut = text.index(case["journal_until"][host])
+            gathered["journal"].update(text=text[: text.rindex("\n", 0, cut) + 1], truncated=False)
         if host in case.get("journal_raw", {}):
             gathered["journal"] = case["journal_raw"][host]
         state = case.get("state", {}).get(host, MATCHING_STATE)

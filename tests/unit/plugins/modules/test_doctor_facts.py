@@ -77,6 +77,7 @@ def test_units_and_the_last_boot_since_its_start_with_a_timeout(commands):
     assert evidence["units"]["localinference-vllm.service"] == {"stdout": SHOW, "error": None}
     assert evidence["journal"]["since"] == "Tue 2026-12-01 11:54:26 UTC"
     assert evidence["journal"]["text"] == JOURNAL
+    assert evidence["journal"]["truncated"] is True  # more lines than journal_lines: a tail
     (show, t1), (journal, t2) = commands
     assert show[:3] == ["/bin/systemctl", "show", "--no-pager"]
     assert "ActiveState" in show[show.index("-p") + 1] and show[-1] == "localinference-vllm.service"
