@@ -1,0 +1,412 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Admission at start (F4): has this rank, right now, the memory the plan needs?
+
+Preflight measures memory minutes or hours before a start; a second tenant can
+take it in between (seed 000 §3.3: another user's 17.56 GB on the worker) and
+the rank then OOMs, or on GB10 unified memory freezes the host. This check runs
+immediately before the engine starts, on every rank, as the serving unit's
+``ExecStartPre``, and refuses the start when
+
+    available = min(MemAvailable, headroom of every limited cgroup level of the unit)
+    available < need (this rank's share of the plan) + reserve
+
+A cgroup level's headroom is its limit (``memory.max``, or ``memory.high`` when
+lower; v1 ``memory.limit_in_bytes``) minus its usage (``memory.current``; v1
+``memory.usage_in_bytes``) less its reclaimable inactive file cache, for the
+unit's own cgroup and each parent up to the mount root: the lowest wins. A
+refusal names the largest processes by RSS (``/proc/*/status``), the engine's
+own excluded, so the operator knows whom to ask; nothing is ever signalled.
+
+Stdlib only and self-contained: besides being imported by the
+``localinference.vllm.memory_admission`` module, this file is installed on the
+nodes as a program (``/usr/local/libexec/localinference/admission``), where the
+collection is not installed. ``main()`` exits 0 to admit and 1 to refuse (also
+when the evidence cannot be read: fail closed), with one line on stderr.
+``tests/unit/plugins/module_utils/test_admission.py`` checks that its parsing
+agrees with ``_memory_facts`` on the same recorded files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+KIB = 1024
+GIB = 1024**3
+ADMIT, REFUSE, USAGE = 0, 1, 2
+DOC = "docs/failure-catalog.md#f4"
+# cgroup v1 reports "no limit" as a page-rounded LONG_MAX.
+UNLIMITED = 2**62
+MAX_READ = 1024 * 1024
+
+
+class AdmissionError(Exception):
+    """Evidence that cannot be read or makes no sense; the check refuses (fails closed)."""
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read(MAX_READ)
+    except (OSError, ValueError):
+        return None
+
+
+def _number(text: str, what: str) -> int:
+    value = text.strip()
+    if not value.isascii() or not value.isdigit() or len(value) > 19:
+        raise AdmissionError(f"{what}: {value[:40]!r} is not a byte count")
+    return int(value)
+
+
+def mem_available(meminfo: str) -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes."""
+    for line in meminfo.splitlines():
+        key, sep, rest = line.partition(":")
+        if sep and key.strip() == "MemAvailable":
+            return _number(rest.replace("kB", ""), "MemAvailable") * KIB
+    raise AdmissionError("/proc/meminfo has no MemAvailable line")
+
+
+def parse_status(text: str) -> dict[str, Any] | None:
+    """``/proc/<pid>/status`` -> name, real uid and RSS in bytes; None when not a status file."""
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key.strip()] = value.strip()
+    try:
+        uid = int((fields.get("Uid") or "").split()[0])
+        rss = int((fields.get("VmRSS") or "0 kB").split()[0]) * KIB
+    except (IndexError, ValueError):
+        return None
+    return {"name": fields.get("Name", ""), "uid": uid, "rss_bytes": rss}
+
+
+# --- cgroups ---------------------------------------------------------------------------------
+
+
+def own_cgroups(text: str) -> dict[str, str]:
+    """``/proc/<pid>/cgroup`` -> ``{"v2": path, "memory": path}`` (whichever exist)."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        number, controllers, path = parts
+        if number == "0" and controllers == "":
+            out["v2"] = path.strip()
+        elif "memory" in controllers.split(","):
+            out["memory"] = path.strip()
+    return out
+
+
+def cgroup_mounts(mountinfo: str) -> dict[str, tuple[str, str]]:
+    """``/proc/self/mountinfo`` -> ``{"v2": (mount point, root), "memory": (...)}``."""
+    out: dict[str, tuple[str, str]] = {}
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 3:
+            continue
+        root, point = fields[3], fields[4]
+        if tail[0] == "cgroup2" and "v2" not in out:
+            out["v2"] = (point, root)
+        elif tail[0] == "cgroup" and "memory" in tail[2].split(",") and "memory" not in out:
+            out["memory"] = (point, root)
+    return out
+
+
+def _levels(point: str, root: str, path: str, exists: Callable[[str], bool]) -> list[str]:
+    """Directories of ``path`` and its parents inside the mount, deepest first.
+
+    Inside a container the mount's root is the container's own cgroup, and the path
+    in ``/proc/<pid>/cgroup`` may be given relative to the host or to that root: the
+    reading whose directory exists deepest wins. A cgroup that does not exist (a unit
+    that is not running) is judged by its nearest existing parent.
+    """
+    path = "/" + path.strip("/")
+    root = "/" + root.strip("/")
+    candidates = [path]
+    if root != "/" and (path == root or path.startswith(root + "/")):
+        candidates.insert(0, path[len(root) :] or "/")
+    best: list[str] = []
+    for candidate in candidates:
+        current = os.path.normpath(os.path.join(point, candidate.strip("/")))
+        levels = []
+        while True:
+            if levels or exists(current):
+                levels.append(current)
+            parent = os.path.dirname(current)
+            if current == os.path.normpath(point) or parent == current:
+                break
+            current = parent
+        if len(levels) > len(best):
+            best = levels
+    return best
+
+
+_FILES = {
+    "v2": (("memory.max", "memory.high"), "memory.current", "inactive_file"),
+    "memory": (("memory.limit_in_bytes",), "memory.usage_in_bytes", "total_inactive_file"),
+}
+
+
+def cgroup_headroom(
+    version: str, levels: Sequence[str], read: Callable[[str], str | None] = _read
+) -> list[dict[str, Any]]:
+    """Each limited level: ``{path, limit_bytes, usage_bytes, headroom_bytes}``."""
+    limit_files, usage_file, inactive_key = _FILES[version]
+    out = []
+    for level in levels:
+        limits = []
+        for name in limit_files:
+            text = read(os.path.join(level, name))
+            if text is None or text.strip() in ("", "max"):
+                continue
+            value = _number(text, os.path.join(level, name))
+            if value < UNLIMITED:
+                limits.append(value)
+        if not limits:
+            continue
+        usage_text = read(os.path.join(level, usage_file))
+        if usage_text is None:
+            raise AdmissionError(f"{level} is limited but {usage_file} cannot be read")
+        usage = _number(usage_text, os.path.join(level, usage_file))
+        inactive = 0
+        for line in (read(os.path.join(level, "memory.stat")) or "").splitlines():
+            key, _, value = line.partition(" ")
+            if key == inactive_key:
+                inactive = _number(value, f"{level}/memory.stat {inactive_key}")
+        used = max(usage - inactive, 0)
+        out.append(
+            {
+                "path": level,
+                "limit_bytes": min(limits),
+                "usage_bytes": used,
+                "headroom_bytes": max(min(limits) - used, 0),
+            }
+        )
+    return out
+
+
+# --- tenants ---------------------------------------------------------------------------------
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return str(uid)
+
+
+def _in_cgroup(cgroup_text: str | None, exclude: str | None) -> bool:
+    if not exclude or cgroup_text is None:
+        return False
+    paths = own_cgroups(cgroup_text)
+    return any(p == exclude or p.startswith(exclude.rstrip("/") + "/") for p in paths.values())
+
+
+def tenants(
+    proc_root: str,
+    exclude_pids: Iterable[int] = (),
+    exclude_cgroup: str | None = None,
+    top: int = 5,
+) -> list[dict[str, Any]]:
+    """The largest processes by RSS, without ``exclude_pids`` and the members of
+    ``exclude_cgroup`` (the serving unit's own: the engine and this check)."""
+    skip = set(exclude_pids)
+    found = []
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return []
+    for entry in entries:
+        if not (entry.isascii() and entry.isdigit()) or int(entry) in skip:
+            continue
+        status = _read(os.path.join(proc_root, entry, "status"))
+        parsed = parse_status(status) if status else None
+        if not parsed or parsed["rss_bytes"] <= 0:
+            continue
+        if _in_cgroup(_read(os.path.join(proc_root, entry, "cgroup")), exclude_cgroup):
+            continue
+        cmdline = (_read(os.path.join(proc_root, entry, "cmdline")) or "").replace("\0", " ")
+        found.append(
+            parsed
+            | {"pid": int(entry), "user": _user(parsed["uid"]), "cmdline": cmdline.strip()[:120]}
+        )
+    found.sort(key=lambda p: (-p["rss_bytes"], p["pid"]))
+    return found[:top]
+
+
+# --- the decision ----------------------------------------------------------------------------
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:.2f} GiB"
+
+
+def decide(
+    available_bytes: int,
+    levels: Sequence[dict[str, Any]],
+    need_bytes: int,
+    reserve_bytes: int,
+    tenant_list: Sequence[dict[str, Any]] = (),
+    host: str = "",
+) -> dict[str, Any]:
+    """Admit when the lowest of MemAvailable and every level's headroom covers need + reserve."""
+    if need_bytes < 0 or reserve_bytes < 0:
+        raise AdmissionError(
+            f"need ({need_bytes}) and reserve ({reserve_bytes}) must be 0 or more bytes"
+        )
+    available, source = available_bytes, "MemAvailable"
+    for level in levels:
+        if level["headroom_bytes"] < available:
+            available = level["headroom_bytes"]
+            source = (
+                f"cgroup {level['path']}: limit {_gib(level['limit_bytes'])},"
+                f" {_gib(level['usage_bytes'])} in use"
+            )
+    total = need_bytes + reserve_bytes
+    admitted = available >= total
+    where = f" on {host}" if host else ""
+    if admitted:
+        message = (
+            f"localinference admission: admitted{where}: {_gib(available)} available ({source})"
+            f" covers {_gib(total)} ({_gib(need_bytes)} for this rank + {_gib(reserve_bytes)}"
+            " reserve)"
+        )
+    else:
+        names = (
+            "; ".join(
+                f"{t['user']} pid {t['pid']} {t['name']} {_gib(t['rss_bytes'])}"
+                for t in tenant_list
+            )
+            or "none found"
+        )
+        message = (
+            f"localinference admission refused the start{where}: {_gib(available)} available"
+            f" ({source}) is below {_gib(total)} ({_gib(need_bytes)} for this rank +"
+            f" {_gib(reserve_bytes)} reserve); largest processes by RSS: {names}. Free memory"
+            f" on this node (those processes are not touched: ask their owners) or plan for"
+            f" less, then start again ({DOC})"
+        )
+    return {
+        "admitted": admitted,
+        "available_bytes": available,
+        "mem_available_bytes": available_bytes,
+        "source": source,
+        "cgroup_levels": list(levels),
+        "need_bytes": total,
+        "rank_need_bytes": need_bytes,
+        "reserve_bytes": reserve_bytes,
+        "tenants": list(tenant_list),
+        "message": message,
+    }
+
+
+def rank_need_bytes(
+    weights_bytes: int, ranks: int, kv_bytes_per_rank: int, overhead_bytes: int = 0
+) -> int:
+    """One rank's memory: its share of the weights, its KV cache and a fixed overhead."""
+    if ranks < 1:
+        raise AdmissionError(f"ranks must be 1 or more, got {ranks}")
+    return -(-int(weights_bytes) // int(ranks)) + int(kv_bytes_per_rank) + int(overhead_bytes)
+
+
+def check(
+    need_bytes: int,
+    reserve_bytes: int = 0,
+    proc_root: str = "/proc",
+    cgroup: str | None = None,
+    top: int = 5,
+    exclude_pids: Iterable[int] = (),
+    host: str = "",
+) -> dict[str, Any]:
+    """Read this node's evidence and decide. ``cgroup`` defaults to the caller's own (in
+    ``ExecStartPre`` that is the serving unit's)."""
+    meminfo = _read(os.path.join(proc_root, "meminfo"))
+    if meminfo is None:
+        raise AdmissionError(f"cannot read {proc_root}/meminfo")
+    available = mem_available(meminfo)
+    mine = own_cgroups(_read(os.path.join(proc_root, "self", "cgroup")) or "")
+    mounts = cgroup_mounts(_read(os.path.join(proc_root, "self", "mountinfo")) or "")
+    levels: list[dict[str, Any]] = []
+    unit_path = cgroup
+    for version in ("v2", "memory"):
+        if version not in mounts:
+            continue
+        path = cgroup if cgroup is not None else mine.get(version)
+        if path is None:
+            continue
+        unit_path = unit_path or path
+        point, root = mounts[version]
+        found = cgroup_headroom(version, _levels(point, root, path, os.path.isdir))
+        if found:
+            levels = found
+            break
+    leaf = (unit_path or "").rstrip("/").rsplit("/", 1)[-1]
+    exclude = unit_path if leaf.endswith((".service", ".scope")) else None
+    skip = {os.getpid(), *exclude_pids}
+    decision = decide(available, levels, need_bytes, reserve_bytes, (), host)
+    if not decision["admitted"]:
+        found_tenants = tenants(proc_root, skip, exclude, top)
+        decision = decide(available, levels, need_bytes, reserve_bytes, found_tenants, host)
+    decision["cgroup"] = unit_path
+    return decision
+
+
+def _bytes(args: argparse.Namespace, name: str) -> int:
+    gib = getattr(args, f"{name}_gib")
+    value = getattr(args, f"{name}_bytes")
+    return int(gib * GIB) if gib is not None else int(value or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="admission",
+        description="Refuse to start a vLLM rank without the memory its plan needs (exit 1).",
+    )
+    need = parser.add_mutually_exclusive_group(required=True)
+    need.add_argument("--need-bytes", type=int, help="this rank's memory need, in bytes")
+    need.add_argument("--need-gib", type=float, help="this rank's memory need, in GiB")
+    parser.add_argument("--reserve-bytes", type=int, default=None)
+    parser.add_argument("--reserve-gib", type=float, default=None)
+    parser.add_argument("--proc-root", default="/proc")
+    parser.add_argument("--cgroup", default=None, help="cgroup path (default: this process's)")
+    parser.add_argument("--top", type=int, default=5, help="processes named on refusal")
+    parser.add_argument("--exclude-pid", type=int, action="append", default=[])
+    parser.add_argument("--host", default=os.uname().nodename)
+    parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+    args = parser.parse_args(argv)
+    try:
+        decision = check(
+            _bytes(args, "need"),
+            _bytes(args, "reserve"),
+            args.proc_root,
+            args.cgroup,
+            args.top,
+            args.exclude_pid,
+            args.host,
+        )
+    except AdmissionError as exc:
+        print(
+            f"localinference admission refused the start: {exc}; the memory cannot be judged,"
+            f" so nothing is started (fail closed) ({DOC})",
+            file=sys.stderr,
+        )
+        return REFUSE
+    if args.json:
+        print(json.dumps(decision, sort_keys=True))
+    print(decision["message"], file=sys.stderr if not decision["admitted"] else sys.stdout)
+    return ADMIT if decision["admitted"] else REFUSE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
