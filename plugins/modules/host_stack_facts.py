@@ -130,7 +130,9 @@ ansible_facts:
           description: C(timedatectl) (output of C(timedatectl show)) and C(chronyc) (of C(chronyc -n tracking)); null when not available.
           type: dict
         memlock:
-          description: C(manager) (systemd's C(DefaultLimitMEMLOCK*)), C(unit) (the unit's C(LimitMEMLOCK*), when it exists) and C(process) (the C(Max locked memory) line of the module's own limits).
+          description:
+            - C(manager) (systemd's C(DefaultLimitMEMLOCK*)), C(unit) (the unit's C(LimitMEMLOCK*), when it exists)
+              and C(process) (the C(Max locked memory) line of the module's own limits).
           type: dict
         engine:
           description: C(source) (C(venv), C(image) or C(none)), C(where), C(probe) (the listing's output) and C(error).
