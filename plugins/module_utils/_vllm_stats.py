@@ -39,7 +39,7 @@ _SPEC_FIELDS = {
     "drafted_throughput": re.compile(rf"Drafted throughput:\s*({_FLT}) tokens/s"),
     "accepted_tokens": re.compile(r"Accepted:\s*(\d+) tokens"),
     "drafted_tokens": re.compile(r"Drafted:\s*(\d+) tokens"),
-    "draft_acceptance_rate_pct": re.compile(rf"Avg Draft acceptance rate:\s*({_FLT})%"),
+    "draft_acceptance_rate_pct": re.compile(rf"(?:Avg )?Draft acceptance rate:\s*({_FLT})%"),
 }
 _PER_POSITION = re.compile(r"Per-position acceptance rate:\s*([\d.]+(?:,\s*[\d.]+)*)")
 
