@@ -357,8 +357,9 @@ def _state(host: str, raw: Any, node: NodeEvidence, problems: list[dict[str, str
     if raw.get("skipped_reason"):
         node.state_error = clip(raw["skipped_reason"], 400)
         return
-    if raw.get("failed") and not isinstance(raw.get("differences"), list):
-        node.state_error = clip(raw.get("msg") or "serving_state failed", 400)
+    if not isinstance(raw.get("differences"), list):
+        # serving_state refused before comparing (an invalid recipe or node): its message says why.
+        node.state_error = clip(raw.get("msg") or "serving_state returned no comparison", 400)
         return
     lists = ("differences", "live_findings", "problems")
     if not all(isinstance(raw.get(k, []), list) for k in lists):
@@ -381,11 +382,21 @@ def check_node(host: str, raw: Any) -> tuple[NodeEvidence, list[dict[str, str]]]
     if not isinstance(raw, dict):
         node.reached = False
         return node, problems
-    if raw.get("unreachable") or (raw.get("gather_error") is not None and not raw.get("gathered")):
+    if raw.get("unreachable"):
         node.reached = False
         node.state_error = clip(raw.get("gather_error") or "unreachable", 400)
         return node, problems
-    gathered = raw.get("gathered") or {}
+    gathered = raw.get("gathered")
+    if gathered is None:
+        problems.append(
+            problem(
+                host,
+                "doctor_facts",
+                f"read nothing on the node: {clip(raw.get('gather_error') or 'no evidence', 300)}",
+                "fix the error named (python3 on the node, root) and run the doctor again",
+            )
+        )
+        return node, problems
     if not isinstance(gathered, dict):
         problems.append(
             problem(
