@@ -19,10 +19,17 @@ Its output is sections of the real commands' own formats, so the judge in
     # dpkg -l             (dpkg-query -l lines of libnccl packages)
     # env                 (LD_PRELOAD=..., LD_LIBRARY_PATH=..., VLLM_NCCL_SO_PATH=...)
 
-Stdlib only, Python 3.8 or later, every command bounded.
+The probe is stdlib only, Python 3.8 or later, every command bounded. Its
+output is read back here (``parse_probe``, ``nccl_summary``) and judged
+(``judge_nccl``, F22 in ``docs/failure-catalog.md``).
 """
 
 from __future__ import annotations
+
+import re
+from typing import Any
+
+from ansible_collections.localinference.vllm.plugins.module_utils._findings import finding
 
 PROBE = r"""
 import glob, os, subprocess, sys
@@ -87,3 +94,173 @@ print("# env")
 for name in ENV:
     print("%s=%s" % (name, os.environ.get(name, "")))
 """
+
+
+# --- F22: the NCCL library the engine loads --------------------------------------------------
+#
+# torch's RUNPATH points at the pip wheel (nvidia/nccl/lib/libnccl.so.2), and vLLM's pynccl
+# opens "libnccl.so.2", which resolves to the copy already loaded: the wheel wins over the
+# system libnccl2 unless LD_PRELOAD (or LD_LIBRARY_PATH, which RUNPATH yields to) says
+# otherwise. On DGX Spark the wheel and DGX OS's libnccl2 were both 2.28.9 but different builds
+# (219 MB vs 190 MB); the wheel's hung all-reduce under load after 20-26 minutes and linking the
+# system library over the wheel's path fixed it (vllm-project/vllm#42354 and #41725, 2026-07-23).
+# eugr/spark-vllm-docker#278: "pip packages have precedence with dynamic library loading".
+_PIP = re.compile(r"^(?P<name>nvidia[-_]nccl[-_]\S*?)\s*==\s*(?P<version>\S+)$", re.IGNORECASE)
+_LDCONFIG = re.compile(r"^\s*(?P<soname>libnccl\.so\S*)\s+\([^)]*\)\s+=>\s+(?P<path>\S+)\s*$")
+_DPKG = re.compile(r"^(?P<state>[a-zA-Z]{2,3})\s+(?P<pkg>libnccl2)(?::\S+)?\s+(?P<version>\S+)")
+_SO_VERSION = re.compile(r"libnccl\.so\.(\d+\.\d+\.\d+)$")
+_SECTIONS = {
+    "pip": "pip",
+    "files": "files",
+    "ldconfig -p": "ldconfig",
+    "dpkg -l": "dpkg",
+    "env": "env",
+}
+
+
+def parse_probe(text: str) -> dict[str, Any]:
+    """The sections of ``_nccl_probe.PROBE`` output (or the same commands pasted by hand)."""
+    out: dict[str, Any] = {"pip": [], "files": [], "ldconfig": [], "dpkg": [], "env": {}}
+    section = None
+    for raw in (text or "").splitlines():
+        line = raw.rstrip()
+        if line.startswith("# "):
+            section = _SECTIONS.get(line[2:].strip())
+            continue
+        if not line.strip() or section is None:
+            continue
+        if section == "env":
+            key, sep, value = line.partition("=")
+            if sep:
+                out["env"][key.strip()] = value.strip()
+        elif section == "files":
+            path, _, real = line.partition(" -> ")
+            out["files"].append({"path": path.strip(), "real": (real or path).strip()})
+        else:
+            out[section].append(line)
+    return out
+
+
+def _wheel_path(path: str) -> bool:
+    return "/site-packages/" in path or "/dist-packages/" in path
+
+
+def _version_of(path: str) -> str | None:
+    match = _SO_VERSION.search(path)
+    return match.group(1) if match else None
+
+
+def nccl_summary(text: str) -> dict[str, Any]:
+    """Which ``libnccl`` the engine's process loads, and what else is installed."""
+    probe = parse_probe(text)
+    wheel_version = None
+    for line in probe["pip"]:
+        match = _PIP.match(line.strip())
+        if match:
+            wheel_version = match.group("version")
+    libs = [f for f in probe["files"] if "libnccl.so" in f["path"].rsplit("/", 1)[-1]]
+    wheel = next((f for f in libs if _wheel_path(f["path"]) and "/nccl/lib/" in f["path"]), None)
+    wheel = wheel or next((f for f in libs if _wheel_path(f["path"])), None)
+    system_paths = [m.group("path") for m in map(_LDCONFIG.match, probe["ldconfig"]) if m]
+    system_paths += [f["path"] for f in libs if not _wheel_path(f["path"])]
+    dpkg = next(
+        (m.group("version") for m in map(_DPKG.match, probe["dpkg"]) if m and m["state"][1] == "i"),
+        None,
+    )
+    system = None
+    if system_paths:
+        path = system_paths[0]
+        real = next((f["real"] for f in libs if f["path"] == path), path)
+        version = (dpkg or "").split("-")[0] or _version_of(real) or _version_of(path)
+        system = {"path": path, "real": real, "version": version, "package": dpkg}
+    env = probe["env"]
+    loads: dict[str, Any] = {"kind": "none", "path": None, "version": None, "exists": True}
+    existing = {f["path"] for f in probe["files"]} | {f["real"] for f in probe["files"]}
+    preload = [p for p in re.split(r"[:\s]+", env.get("LD_PRELOAD", "")) if "libnccl" in p]
+    library_dirs = [d.rstrip("/") for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]
+    in_dirs = [f for d in library_dirs for f in libs if f["path"].rsplit("/", 1)[0] == d]
+    if preload:
+        loads = {"kind": "LD_PRELOAD", "path": preload[0], "exists": preload[0] in existing}
+    elif env.get("VLLM_NCCL_SO_PATH"):
+        path = env["VLLM_NCCL_SO_PATH"]
+        loads = {"kind": "VLLM_NCCL_SO_PATH", "path": path, "exists": path in existing}
+    elif in_dirs:
+        loads = {"kind": "LD_LIBRARY_PATH", "path": in_dirs[0]["path"], "exists": True}
+    elif wheel:
+        linked = not _wheel_path(wheel["real"])
+        loads = {
+            "kind": "system linked over the wheel" if linked else "wheel",
+            "path": wheel["path"],
+        }
+        loads["exists"] = True
+    elif system:
+        loads = {"kind": "system", "path": system["path"], "exists": True}
+    if loads["kind"] == "wheel":
+        loads["version"] = wheel_version
+    elif loads["kind"] != "none":
+        real = next((f["real"] for f in libs if f["path"] == loads["path"]), loads["path"] or "")
+        on_system = system and real in (system["real"], system["path"])
+        loads["version"] = (system or {}).get("version") if on_system else _version_of(real)
+    return {
+        "loads": loads,
+        "wheel": None
+        if not (wheel or wheel_version)
+        else {
+            "path": (wheel or {}).get("path"),
+            "real": (wheel or {}).get("real"),
+            "version": wheel_version,
+        },
+        "system": system,
+    }
+
+
+def judge_nccl(text: str | None, unified_memory: bool, host: str = "") -> list[dict[str, Any]]:
+    """F22: a named NCCL override that does not exist (error); the wheel shadowing the system."""
+    if not text:
+        return []
+    summary = nccl_summary(text)
+    loads, wheel, system = summary["loads"], summary["wheel"], summary["system"]
+    if loads["kind"] in ("LD_PRELOAD", "VLLM_NCCL_SO_PATH") and not loads["exists"]:
+        return [
+            finding(
+                "F22",
+                "error",
+                f"{loads['kind']} names {loads['path']}, which does not exist in the engine's"
+                " environment: the engine cannot load NCCL and fails at its first collective",
+                f"point {loads['kind']} (vllm_recipe.env) at an existing libnccl.so.2, e.g."
+                f" {(system or {}).get('path') or 'the system libnccl2'} (docs/failure-catalog.md#f22)",
+                host=host,
+                check="nccl",
+                evidence=f"{loads['kind']}={loads['path']}; not found",
+            )
+        ]
+    if loads["kind"] != "wheel" or not system:
+        return []
+    wheel_v, system_v = (wheel or {}).get("version"), system.get("version")
+    differ = bool(wheel_v and system_v and wheel_v != system_v)
+    if not (differ or unified_memory):
+        return []
+    same = "a different version" if differ else "possibly the same version but a different build"
+    message = (
+        f"the engine loads the pip-bundled NCCL {wheel_v or '(version unknown)'}"
+        f" ({loads['path']}), not the system libnccl2 {system.get('package') or system_v or ''}"
+        f" ({system['path']}): {same}"
+    )
+    if unified_memory and not differ:
+        message += (
+            "; on DGX Spark the wheel's build hung all-reduce under load where the system build"
+            " of the same version did not (vllm-project/vllm#42354)"
+        )
+    return [
+        finding(
+            "F22",
+            "warning",
+            message,
+            f"link the system library over the wheel's in the image or venv (ln -sf"
+            f" {system['path']} {loads['path']}) or set LD_PRELOAD={system['path']} in"
+            f" vllm_recipe.env, then re-run --tags preflight (docs/failure-catalog.md#f22)",
+            host=host,
+            check="nccl",
+            evidence=f"wheel {loads['path']} ({wheel_v}); system {system['path']} ({system_v})",
+        )
+    ]

@@ -28,12 +28,14 @@ from ansible_collections.localinference.vllm.plugins.module_utils._host_stack im
     judge_disk,
     judge_kernel,
     judge_memlock,
-    judge_nccl,
     judge_node,
     judge_versions,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._nccl_probe import (
+    PROBE,
+    judge_nccl,
     nccl_summary,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._nccl_probe import PROBE
 
 from .test_preflight import THRESHOLDS, node_facts
 
