@@ -240,14 +240,7 @@ class Doctor:
         path = str(record.get("path") or "opencode.json")
         measured = self.saved("client")
         if measured is None:
-            self.add(
-                "evidence",
-                "warning",
-                "controller",
-                f"{path} exists but the head holds no client measurement (client.json)",
-                path,
-                "run the client stage (--tags client) so F7, F8 and F9 can be judged",
-            )
+            # The client stage never ran: this opencode config is not the collection's to judge.
             return []
         head = self.head_node()
         served = head.serving["recipe"].get("max_model_len") if head and head.serving else None
