@@ -62,6 +62,7 @@ def run_events(stdout: str) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
     errors: list[str] = []
     tools: list[str] = []
+    tool_calls: list[dict[str, str]] = []
     compactions = 0
     unparsed = 0
     for line in str(stdout or "").splitlines():
@@ -93,6 +94,8 @@ def run_events(stdout: str) -> dict[str, Any]:
             )
         elif kind == "tool_use":
             tools.append(str(part.get("tool", "")))
+            state = part.get("state") if isinstance(part.get("state"), dict) else {}
+            tool_calls.append({"tool": str(part.get("tool", "")), "status": str(state.get("status", ""))})
         elif kind == "error":
             errors.append(_error_text(event.get("error")))
         if part.get("type") == "compaction" or "compaction" in str(kind or ""):
@@ -103,6 +106,7 @@ def run_events(stdout: str) -> dict[str, Any]:
         "steps": steps,
         "errors": errors,
         "tools": tools,
+        "tool_calls": tool_calls,
         "compactions": compactions,
         "unparsed_lines": unparsed,
     }

@@ -7,12 +7,13 @@
 .lab/opencode/opencode.json and the key in .lab/opencode/env (0600), the
 measurements saved on the head as /etc/localinference/client.json.
 
-1. ``opencode run`` through that config completes a turn: exit 0, a non-empty
-   answer (the lab's model is random: gibberish is all that can honestly be
-   asserted; with ``--thinking`` the reasoning opencode read from vLLM's
-   ``delta.reasoning`` counts, and no think tags leak into the text), no HTTP
-   400 in the server's log, and no compaction on the first turn (the server
-   saw exactly one request, opencode one step).
+1. ``opencode run`` through that config completes a turn with a tool round
+   trip: the lab's scripted model (lab/tiny_model.py) reasons, calls opencode's
+   ``read`` tool, and answers after the result. Exit 0, the tool completed,
+   the scripted answer, the reasoning opencode read from vLLM's
+   ``delta.reasoning`` separated from the text (no think tags in it), no HTTP
+   400 in the server's log, and no compaction: the server saw exactly the two
+   requests of the two steps.
 2. Seed 000's broken config (context 8192, compaction.reserved 8000: a working
    budget of 192 tokens against the measured floor) is caught by
    ``opencode_config state=checked`` with F9 and the numbers, before any client
@@ -39,6 +40,7 @@ from lab.harness import (
     read_json,
     run,
 )
+from lab.tiny_model import ANSWER, REASONING_ANSWER, REASONING_TOOL, TOOL_NAME
 
 pytestmark = pytest.mark.lab
 
@@ -130,15 +132,16 @@ def test_opencode_completes_a_turn_through_the_generated_config(client, tmp_path
     shown = f"rc={done.returncode}\n{done.stdout[-1500:]}\n{done.stderr[-1500:]}"
     assert done.returncode == 0, shown
     assert not turn["errors"], shown
-    # The random model often never closes its reasoning block: with --thinking
-    # opencode prints the reasoning it read (delta.reasoning) as its own events.
-    assert (turn["text"] + turn["reasoning"]).strip(), f"an empty answer:\n{shown}"
+    assert ANSWER in turn["text"], f"not the scripted answer:\n{shown}"
+    assert REASONING_TOOL in turn["reasoning"] and REASONING_ANSWER in turn["reasoning"], turn["reasoning"][:500]
     assert "<think>" not in turn["text"] and "</think>" not in turn["text"], turn["text"][:500]
+    assert turn["tool_calls"] == [{"tool": TOOL_NAME, "status": "completed"}], turn["tool_calls"]
     assert not rejected, "HTTP 400 in the server log:\n" + "\n".join(rejected[-5:])
-    # No compaction on the first turn: one step, one request the server counted,
-    # and the first request fits the working budget the config gives opencode.
-    assert len(turn["steps"]) == 1 and turn["compactions"] == 0, turn
-    assert requests == 1, f"the server saw {requests:g} requests for one turn: {turn['steps']}"
+    # No compaction: two steps (the tool call, then the answer), two requests the
+    # server counted, and the first request fits the working budget of the config.
+    assert [step["reason"] for step in turn["steps"]] == ["tool-calls", "stop"], turn["steps"]
+    assert turn["compactions"] == 0, turn
+    assert requests == 2, f"the server saw {requests:g} requests for one turn: {turn['steps']}"
     assert turn["steps"][0]["input"] >= client["prompt_floor"] - 200, turn["steps"]
 
 
