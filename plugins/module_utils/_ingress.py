@@ -308,7 +308,8 @@ def caddyfile(
     for index, route in enumerate(routes):
         prefix = route["prefix"]
         lines += [
-            f"\t\t@route_{index} path {prefix}/v1 {prefix}/v1/*",
+            # /metrics too (behind the key): qualification reads the engine's counters
+            f"\t\t@route_{index} path {prefix}/v1 {prefix}/v1/* {prefix}/metrics",
             f"\t\thandle @route_{index} {{",
             f"\t\t\tvars ingress_model {prefix[1:]}",
             f"\t\t\tvars ingress_upstream {route['upstream']}",
