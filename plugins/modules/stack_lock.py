@@ -18,7 +18,7 @@ description:
     locale; a command that fails or times out leaves its value null with a warning. It changes nothing.
   - O(state=recorded) puts the stack made of the O(nodes) records on top of the history (on the head).
     The same stack as the newest entry adds nothing and reports no change. A file that cannot be
-    trusted is kept beside it as C(<path>.malformed) and a new history starts (RV(findings)).
+    trusted is kept beside it as C(<path>.malformed) and a new history starts (RV(findings) lists why).
   - O(state=diffed) changes nothing. With O(nodes) it returns what recording them would change; without,
     what the last change brought (the last good stack to the current one).
   - O(state=read) changes nothing and returns the history and what C(--tags revert) would do (RV(revert)).
@@ -81,7 +81,7 @@ options:
   query_image:
     description:
       - When the vLLM version is still unknown, run C(<entrypoint> --version) in the image
-        (C(podman run --rm --network=none), bounded by O(image_timeout)) (O(state=gathered), quadlet).
+        (C(podman run --rm --pull=never --network=none), bounded by O(image_timeout)) (O(state=gathered), quadlet).
     type: bool
     default: false
   venv_root:
@@ -155,7 +155,9 @@ node:
     nics: {enp1s0f0np0: null}
     hcas: {}
 sources:
-  description: Where C(vllm_version) and C(nccl_version) came from (C(boot log), C(journal), C(last good stack), C(image env), C(venv), C(image)); null when unknown.
+  description:
+    - Where C(vllm_version) and C(nccl_version) came from (C(boot log), C(journal), C(last good stack),
+      C(image env), C(venv), C(image)); null when unknown.
   returned: state=gathered
   type: dict
 entry:
@@ -164,8 +166,8 @@ entry:
   type: dict
 changes:
   description:
-    - What changed since the last good stack, one line each (C(image: A -> B), C(recipe.max_num_seqs: 4 -> 8),
-      C(spark-worker kernel: A -> B)). Empty when the stack is the one already recorded.
+    - "What changed since the last good stack, one line each (C(image: A -> B), C(recipe.max_num_seqs: 4 -> 8),
+      C(spark-worker kernel: A -> B)). Empty when the stack is the one already recorded."
   returned: state=recorded, state=diffed, state=read
   type: list
   elements: str
@@ -173,6 +175,10 @@ last_good:
   description: The good stack before RV(entry), or null.
   returned: state=recorded, state=diffed, state=read
   type: dict
+added:
+  description: Whether RV(entry) is a new stack on top of the history (false when it is the newest entry already).
+  returned: state=recorded, state=diffed
+  type: bool
 entries:
   description: The whole history, newest first (entries that failed the schema check left out).
   returned: state=read
@@ -419,7 +425,7 @@ class _Gather:
         podman = self.binary("podman")
         if not podman:
             return None
-        argv = [podman, "run", "--rm", "--network=none", "--entrypoint"]
+        argv = [podman, "run", "--rm", "--pull=never", "--network=none", "--entrypoint"]
         argv += [recipe.get("entrypoint") or "vllm", recipe["image"], "--version"]
         out = self.run(argv, "vLLM version", timeout=self.params["image_timeout"])
         return facts.version_from_output(out) if out is not None else None
@@ -549,7 +555,12 @@ def history(module: AnsibleModule) -> dict[str, Any]:
         return out
     entry = lock.build_entry(params["nodes"], _now())
     result = lock.record(entries, entry, params["keep"])
-    out.update(entry=result["entry"], changes=result["changes"], last_good=result["last_good"])
+    out.update(
+        entry=result["entry"],
+        changes=result["changes"],
+        last_good=result["last_good"],
+        added=result["added"],
+    )
     if state == "diffed":
         return out
     new_text = lock.render(result["entries"])

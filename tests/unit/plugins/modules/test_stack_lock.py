@@ -18,7 +18,6 @@ from unittest import mock
 
 import pytest
 from ansible.module_utils import basic
-from ansible.module_utils.common.warnings import get_warning_messages
 from ansible_collections.localinference.vllm.plugins.module_utils import _stack_lock as lock
 from ansible_collections.localinference.vllm.plugins.module_utils._manifest import MANIFEST_FORMAT
 from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
@@ -135,8 +134,14 @@ class Node:
         def get_bin_path(self, name, required=False, opt_dirs=None):
             return bins.get(name)
 
-        with mock.patch.object(basic.AnsibleModule, "get_bin_path", get_bin_path):
-            return run_module(stack_lock, params, check_mode=check_mode)
+        warned: list[str] = []
+        with (
+            mock.patch.object(basic.AnsibleModule, "get_bin_path", get_bin_path),
+            mock.patch.object(basic.AnsibleModule, "warn", lambda self, msg: warned.append(msg)),
+        ):
+            out = run_module(stack_lock, params, check_mode=check_mode)
+        out.result["warned"] = warned
+        return out
 
 
 @pytest.fixture
@@ -190,7 +195,7 @@ def test_the_image_is_asked_last_and_only_when_allowed(node):
     assert out.result["node"]["vllm_version"] == "0.32.0"
     assert out.result["sources"]["vllm_version"] == "image"
     assert (
-        f"podman run --rm --network=none --entrypoint /opt/vllm/bin/vllm {IMAGE} --version"
+        f"podman run --rm --pull=never --network=none --entrypoint /opt/vllm/bin/vllm {IMAGE} --version"
         in node.ran()
     )
 
@@ -202,7 +207,7 @@ def test_a_hung_command_is_cut_short_and_leaves_null(node):
     assert time.monotonic() - started < 10
     assert not out.failed, out.result
     assert out.result["node"]["driver_version"] is None and out.result["node"]["gpus"] == []
-    assert any("did not answer within 0.5 s" in w for w in get_warning_messages())
+    assert any("did not answer within 0.5 s" in w for w in out.result["warned"])
 
 
 def test_missing_commands_and_files_leave_nulls(node):
