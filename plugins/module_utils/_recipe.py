@@ -400,6 +400,7 @@ class Node:
     address: str = ""
     env: dict[str, str] = field(default_factory=dict)
     weights_path: str = ""
+    weights_digest: str = ""
 
     @property
     def role(self) -> str:
@@ -439,7 +440,19 @@ def make_node(params: dict[str, Any], name: str = "node") -> Node:
         address=validate.host(f"{name}.address", params.get("address"), allow_empty=True),
         env=dict(sorted(env.items())),
         weights_path=validate.path(f"{name}.weights_path", params.get("weights_path")),
+        weights_digest=_weights_digest(f"{name}.weights_digest", params.get("weights_digest")),
     )
+
+
+def _weights_digest(name: str, value: Any) -> str:
+    """Empty, or the 64 lower-case hex digits of a sha256 (the weights stage's content digest)."""
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ValidationError(
+            name, f"{validate.shown(value)} is not a sha256", "leave it empty or re-run the weights stage"
+        )
+    return value
 
 
 def serve_argv(recipe: dict[str, Any], node: Node, model_path: str) -> list[str] | None:

@@ -114,6 +114,7 @@ def desired(
             "role": node.role,
             "head_address": node.head_address,
             "address": node.address,
+            **({"weights_digest": node.weights_digest} if node.weights_digest else {}),
         },
         "server_argv": rendered["server_argv"],
         "ray_argv": rendered["ray_argv"],

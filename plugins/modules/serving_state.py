@@ -77,6 +77,13 @@ options:
         description: The model snapshot directory on this node (C(model_weights_path)).
         type: str
         required: true
+      weights_digest:
+        description:
+          - sha256 (64 hex) of the content the weights stage verified on this node
+            (C(/etc/localinference/weights.json)); empty when the weights are managed elsewhere.
+          - Part of the node's document, so new weights under the same path restart the engine.
+        type: str
+        default: ''
   state:
     description:
       - C(staged) writes the document and units under O(staging_dir) only and reports whether
@@ -363,6 +370,7 @@ def main():
                     "address": {"type": "str", "default": ""},
                     "env": {"type": "dict", "default": {}},
                     "weights_path": {"type": "str", "required": True},
+                    "weights_digest": {"type": "str", "default": ""},
                 },
             },
             "state": {

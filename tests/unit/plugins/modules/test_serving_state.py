@@ -178,3 +178,24 @@ def test_malformed_state_document_is_an_f10_difference_not_a_traceback(paths):
     assert [f["id"] for f in out.result["live_findings"]] == ["F10"] * len(
         out.result["live_findings"]
     )
+
+
+def with_weights(arguments: dict, digest: str) -> dict:
+    return {**arguments, "node": {**arguments["node"], "weights_digest": digest}}
+
+
+def test_new_weights_under_the_same_path_are_a_difference(paths):
+    old, new = "a" * 64, "b" * 64
+    run_module(serving_state, with_weights(args(paths, "present"), old))
+    same = run_module(serving_state, with_weights(args(paths, "staged"), old))
+    assert same.result["live_matches"] is True
+    staged = run_module(serving_state, with_weights(args(paths, "staged"), new))
+    assert staged.result["live_matches"] is False
+    assert staged.result["differences"] == [f'node.weights_digest: node has "{old}", inventory asks "{new}"']
+
+
+@pytest.mark.parametrize("digest", ["abc", "A" * 64, "a" * 63 + "\n", 7])
+def test_a_weights_digest_that_is_not_a_sha256_is_refused(paths, digest):
+    out = run_module(serving_state, with_weights(args(paths, "staged"), digest))
+    assert out.failed
+    assert "node.weights_digest" in out.result["msg"], out.result["msg"]
