@@ -112,26 +112,35 @@ def _number(target: Target, name: str, default: float) -> float:
 
 
 class Sampler(threading.Thread):
-    """Polls /metrics while requests run: the peak of running and waiting requests."""
+    """Polls /metrics while requests run; each sample keeps when its fetch started and ended."""
 
     def __init__(self, target: Target, interval: float) -> None:
         super().__init__(daemon=True)
         self.target, self.interval = target, interval
         self.stop = threading.Event()
-        self.peak_running = self.peak_waiting = 0.0
-        self.samples = 0
+        self.samples: list[tuple[float, float, float, float]] = []  # start, end, running, waiting
         self.error: str | None = None
 
     def run(self) -> None:
         while not self.stop.is_set():
+            started = time.monotonic()
             summary, error = self.target.metrics()
             if summary is None:
                 self.error = error
                 return
-            self.samples += 1
-            self.peak_running = max(self.peak_running, summary["requests_running"] or 0.0)
-            self.peak_waiting = max(self.peak_waiting, summary["requests_waiting"] or 0.0)
+            self.samples.append(
+                (
+                    started,
+                    time.monotonic(),
+                    summary["requests_running"] or 0.0,
+                    summary["requests_waiting"] or 0.0,
+                )
+            )
             self.stop.wait(self.interval)
+
+    def within(self, begin: float, end: float) -> list[tuple[float, float, float, float]]:
+        """Samples read wholly while every request was in flight (sent, none finished)."""
+        return [s for s in self.samples if s[0] >= begin and s[1] <= end]
 
 
 def _parallel(target: Target, bodies: list[dict[str, Any]], stream: bool) -> list[dict[str, Any]]:
@@ -227,34 +236,40 @@ def check_concurrency(target: Target) -> dict[str, Any]:
     sampler.stop.set()
     sampler.join(timeout=30)
     server = _problems(outcomes)
-    all_sent_first = max(o["start"] for o in outcomes) < min(o["end"] for o in outcomes)
+    last_sent = max(o["start"] for o in outcomes)
+    first_done = min(o["end"] for o in outcomes)
+    all_sent_first = last_sent < first_done
     speedup = n * alone / wall if wall > 0 else None
+    during = sampler.within(last_sent, first_done)
+    peak_running = max((s[2] for s in during), default=None)
+    peak_waiting = max((s[3] for s in during), default=None)
     evidence: dict[str, Any] = {
         "requests": n,
         "max_tokens": max_tokens,
         "all_sent_before_any_finished": all_sent_first,
         "speedup_over_one_at_a_time": round(speedup, 2) if speedup else None,
-        "metrics_samples": sampler.samples,
-        "peak_requests_running": sampler.peak_running if sampler.samples else None,
-        "peak_requests_waiting": sampler.peak_waiting if sampler.samples else None,
+        "metrics_samples": len(sampler.samples),
+        "metrics_samples_during_the_burst": len(during),
+        "peak_requests_running": peak_running,
+        "peak_requests_waiting": peak_waiting,
     }
     if sampler.error:
         evidence["metrics_error"] = sampler.error
     timings = {"one_request_s": alone, "wall_s": wall}
     min_speedup = _number(target, "min_speedup", 1.3)
     if not server:
-        if sampler.samples and sampler.peak_running < n:
+        if during and peak_running < n:
             server.append(
-                f"vLLM ran at most {sampler.peak_running:g} of {n} requests at once"
-                f" (waiting peaked at {sampler.peak_waiting:g}): max_num_seqs or the KV cache"
-                " serialises the agent (F3)"
+                f"while all {n} requests were in flight vLLM ran at most {peak_running:g} of them"
+                f" (waiting peaked at {peak_waiting:g}): max_num_seqs or the KV cache serialises"
+                " the agent (F3)"
             )
-        elif not sampler.samples and (not all_sent_first or (speedup or 0) < min_speedup):
+        elif not during and (not all_sent_first or (speedup or 0) < min_speedup):
+            why = sampler.error or "no /metrics read fell inside the burst"
             server.append(
                 f"the {n} requests took {wall:.2f} s together, {alone:.2f} s alone: they ran one"
                 f" after another (speedup {speedup or 0:.2f} < {min_speedup:g}); max_num_seqs"
-                " below the agent's concurrency serialises it (F3). /metrics was not readable to"
-                f" confirm: {sampler.error}"
+                f" below the agent's concurrency serialises it (F3). /metrics did not confirm: {why}"
             )
     return judged("concurrency", target, server, [], timings, evidence)
 

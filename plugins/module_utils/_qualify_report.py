@@ -198,9 +198,10 @@ def regressions(got: dict[str, Any], promoted: Any, model: str, tolerance: float
         slack = 0.0 if exact else tolerance
         worse = new < old * (1 - slack) if higher else new > old * (1 + slack)
         if worse:
+            recipe = promoted.get("recipe_hash")
             found.append(
                 f"{what} regressed: {new:g} now, {old:g} in the report promoted"
-                f" {promoted.get('at') or ''} (recipe {str(promoted.get('recipe_hash') or '?')[:12]})"
+                f" {promoted.get('at') or ''}" + (f" (recipe {recipe[:12]})" if recipe else "")
             )
     return found
 

@@ -234,6 +234,56 @@ def test_concurrency_without_metrics_judges_from_timings(serialised, status):
         assert "F3" in out["why"]
 
 
+def engine(serialised: bool, seconds: float = 0.6):
+    """A server whose recorded /metrics reports the requests it is working on right now."""
+    lock = threading.Lock()
+    state = {"running": 0, "waiting": 0}
+    guard = threading.Lock()
+
+    def gauges() -> bytes:
+        text = METRICS.decode()
+        for name, value in (("running", state["running"]), ("waiting", state["waiting"])):
+            old = f'vllm:num_requests_{name}{{engine="0",model_name="{MODEL}"}} 0.0'
+            assert old in text
+            text = text.replace(old, old[: -len("0.0")] + f"{value}.0")
+        return text.encode()
+
+    def work() -> None:
+        with guard:
+            state["running"] += 1
+        time.sleep(seconds)
+        with guard:
+            state["running"] -= 1
+
+    def answer(method, path, body):
+        if path.endswith("/metrics"):
+            return Reply(body=gauges(), content_type="text/plain")
+        if serialised:
+            with guard:
+                state["waiting"] += 1
+            with lock:
+                with guard:
+                    state["waiting"] -= 1
+                work()
+        else:
+            work()
+        return usage_reply(10, stream=False)
+
+    return answer
+
+
+@pytest.mark.parametrize(("serialised", "status"), [(False, Q.J.PASS), (True, Q.J.FAIL)])
+def test_concurrency_reads_the_running_gauge_during_the_burst(serialised, status):
+    with FakeServer(engine(serialised)) as server:
+        out = Q.run_check("concurrency", target(server, requests=3, max_tokens=64))
+    assert out["status"] == status, out["why"]
+    assert out["evidence"]["metrics_samples_during_the_burst"] > 0
+    if serialised:
+        assert "vLLM ran at most 1 of them (waiting peaked at 2" in out["why"]
+    else:
+        assert out["evidence"]["peak_requests_running"] == 3.0
+
+
 def test_shared_prefix_without_readable_counters_fails_naming_metrics_url():
     with FakeServer(concurrent(False, 0.0)) as server:
         out = Q.run_check("shared_prefix", target(server))
