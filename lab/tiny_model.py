@@ -20,6 +20,7 @@ tool parser (``<｜tool▁calls▁begin｜>`` ...) look up in the vocabulary, so
 Run with the lab vLLM venv's Python (it has torch, transformers, tokenizers):
     .lab/vllm-venv/bin/python lab/tiny_model.py --output .lab/models/tiny-deepseek
     .lab/vllm-venv/bin/python lab/tiny_model.py --verify .lab/models/tiny-deepseek
+    .lab/vllm-venv/bin/python lab/tiny_model_stream.py .lab/models/tiny-deepseek
 """
 
 from __future__ import annotations
@@ -70,21 +71,33 @@ TOOL_ARGUMENTS = '{"filePath": ".", "limit": 50}'
 REASONING_ANSWER = "The scripted lab model has what it needs and answers now."
 REASONING_TOOL = "The scripted lab model reads the working directory first."
 ANSWER = "Hello from the scripted lab model."
-_SPLIT = TOOL_ARGUMENTS.index(": ") + 2
+_SPLIT = TOOL_ARGUMENTS.index(": ") + 2  # '{"filePath": ' | '".", "limit":' | ' 50}'
+_SPLIT_END = TOOL_ARGUMENTS.rindex(": ") + 1
 TOOL_CALL_HEAD = TOOL_NAME + "\n```json\n" + TOOL_ARGUMENTS[:_SPLIT]
-TOOL_CALL_TAIL = TOOL_ARGUMENTS[_SPLIT:] + "\n```"
+TOOL_CALL_TAIL = TOOL_ARGUMENTS[_SPLIT:_SPLIT_END]
+TOOL_CALL_END = TOOL_ARGUMENTS[_SPLIT_END:] + "\n```" + TOOL_TOKENS[3]
 # Appended after every existing token (ids unchanged). No ordinary text
-# contains them, so prompts tokenize exactly as before; both halves of the call
-# hold a space that a client sending the call back drops (opencode sends
+# contains them, so prompts tokenize exactly as before; each piece of the call
+# holds a space that a client sending the call back drops (opencode sends
 # '{"filePath":".","limit":50}'), so the tool-result turn does not match them
-# either. The call is split in two so vLLM's streaming deepseek_v3 parser sends
-# the name on one token and the arguments on the next (one token for both
-# streams no arguments at all).
-SCRIPT_TOKENS = (REASONING_ANSWER, REASONING_TOOL, ANSWER, TOOL_CALL_HEAD, TOOL_CALL_TAIL)
+# either. The split is for vLLM 0.32's streaming deepseek_v3 parser, which gets
+# several tokens per delta when the server coalesces them (--stream-interval,
+# or a busy API server reading the engine late). It sends the name on the delta
+# that completes ``<｜tool▁sep｜>read\n`` and drops the arguments in that same
+# delta (only a later delta streams them), so the name line ends as early as it
+# can (HEAD) and three tokens follow before EOS. `<｜tool▁call▁end｜>` is text
+# inside the last piece, never its own id: a delta holding that id takes the
+# parser's closing branch, which drops the call's arguments unless a delta
+# between the name and it streamed them. Then every coalescing streams the call
+# but a final delta that holds HEAD (5 tokens or more): nothing a script writes
+# helps there (lab/tiny_model_stream.py checks all 2048 chunkings).
+SCRIPT_TOKENS = (
+    REASONING_ANSWER, REASONING_TOOL, ANSWER, TOOL_CALL_HEAD, TOOL_CALL_TAIL, TOOL_CALL_END,
+)  # fmt: skip
 TOOL_CALL_TYPE = "function"  # BPE pieces of the existing vocabulary
 TOOL_CALL_TEXT = (
     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>" + TOOL_CALL_TYPE + "<｜tool▁sep｜>"
-    + TOOL_CALL_HEAD + TOOL_CALL_TAIL + "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+    + TOOL_CALL_HEAD + TOOL_CALL_TAIL + TOOL_CALL_END + "<｜tool▁calls▁end｜>"
 )  # fmt: skip
 # What the model writes after the generation prompt (`<｜Assistant｜><think>\n`),
 # EOS not included: "answer" without tools or once a tool result is present
@@ -208,7 +221,7 @@ def script_chains(tokenizer) -> dict[str, list[int]]:
         "answer": [one(REASONING_ANSWER), one(THINK_END), one(ANSWER)],
         "tool": [
             one(REASONING_TOOL), one(THINK_END), tools[0], tools[2], *call_type, tools[4],
-            one(TOOL_CALL_HEAD), one(TOOL_CALL_TAIL), tools[3], tools[1],
+            one(TOOL_CALL_HEAD), one(TOOL_CALL_TAIL), one(TOOL_CALL_END), tools[1],
         ],
     }  # fmt: skip
     for name, chain in chains.items():

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-# ruff: noqa: RUF001 - DeepSeek's special tokens are spelled with fullwidth bars on purpose
+# ruff: noqa: RUF001, RUF002 - DeepSeek's special tokens are spelled with fullwidth bars on purpose
 """The lab's scripted tiny model (lab/tiny_model.py, issue 11 point 5).
 
 The script's constants parse with vLLM's deepseek_v3 tool-call regex. With the
@@ -28,6 +28,7 @@ from lab import tiny_model
 ROOT = Path(__file__).resolve().parents[2]
 VENV_PYTHON = ROOT / ".lab" / "vllm-venv" / "bin" / "python"
 SCRIPT = ROOT / "lab" / "tiny_model.py"
+STREAM_CHECK = ROOT / "lab" / "tiny_model_stream.py"
 # vllm/tool_parsers/deepseekv3_tool_parser.py (vLLM 0.32.0), verbatim
 DEEPSEEK_V3_CALL = re.compile(
     r"<｜tool▁call▁begin｜>(?P<type>.*)<｜tool▁sep｜>(?P<function_name>.*)\n```json\n"
@@ -89,10 +90,15 @@ def test_the_tool_call_parses_as_deepseek_v3():
 
 def test_script_tokens_cannot_match_text_a_client_sends():
     compact = json.dumps(json.loads(tiny_model.TOOL_ARGUMENTS), separators=(",", ":"))
-    history = f"{tiny_model.TOOL_NAME}\n```json\n{compact}\n```"
+    history = f"{tiny_model.TOOL_NAME}\n```json\n{compact}\n```<｜tool▁call▁end｜>"
+    # the tools section renders each schema with tojson (", " and ": ")
+    schema = json.dumps({"name": "read", "parameters": {"type": "object", "properties": {
+        "filePath": {"type": "string"}, "offset": {"type": "number"},
+        "limit": {"type": "number"}}, "required": ["filePath"]}})  # fmt: skip
     for token in tiny_model.SCRIPT_TOKENS:
         assert token not in history
         assert token not in tiny_model.CHAT_TEMPLATE
+        assert token not in schema
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +145,36 @@ def test_greedy_and_sampled_generations_follow_the_script(built):
         assert case["margin"] >= 25, (name, case["margin"])
         assert case["new_ids_in_prompt"] == [], name
     assert report["cases"]["tools-long"]["prompt_tokens"] > 5000
+
+
+def test_every_chunking_of_the_stream_parses_as_unstreamed(built):
+    """vLLM 0.32's own parsers, fed each completion cut into deltas every possible way.
+
+    All 2048 chunkings of the tool call (12 tokens) and all 8 of each answer
+    stream what the unstreamed request returns, except where vLLM's
+    deepseek_v3 parser cannot: a last delta that also completes
+    ``<｜tool▁sep｜>read\\n`` streams the name and drops the arguments (reported
+    as ``vllm_defect``; here only last deltas of 5 tokens or more, so
+    --stream-interval 1 to 5 are safe).
+    """
+    done = subprocess.run(
+        [VENV_PYTHON, STREAM_CHECK, built], env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    tool = report["tools"]
+    assert tool["unstreamed_is_script"] and tool["failure_count"] == 0, tool["failures"]
+    assert tool["chunkings"] == 2048
+    # the call end marker is text inside the last piece, never the id the parser counts
+    info = json.loads((built / "lab-model.json").read_text())
+    assert EXISTING_IDS["<｜tool▁call▁end｜>"] not in info["script"]["token_ids"]["tool"]
+    assert tool["passed"] + tool["vllm_defect"] == 2048
+    assert tool["vllm_defect"] in (0, 2 ** tool["name_token"]), tool
+    assert set(tool["vllm_defect_streamed_calls"]) <= {json.dumps([["read", ""]])}
+    assert (tool["smallest_vllm_defect_last_delta"] or 99) >= 5
+    assert {1, 2, 3, 4, 5} <= set(tool["stream_interval"]["ok"])
+    for case in ("tool-result", "no-tools"):
+        answer = report[case]
+        assert answer["unstreamed_is_script"], answer
+        assert answer["passed"] == answer["chunkings"] == 8, answer
