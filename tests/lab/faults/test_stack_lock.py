@@ -85,6 +85,8 @@ def test_the_rollout_records_the_whole_stack_that_served():
     assert len(digests) == 1, f"the nodes' weights differ: {digests}"
 
 
+# Three rollouts (changed, revert, back): about 3 min in the lab.
+@pytest.mark.extended
 def test_a_changed_recipe_shows_its_diff_and_revert_restores_the_previous_recipe():
     ensure_recorded()
     recipe = inventory_recipe()

@@ -84,6 +84,8 @@ def test_a_port_taken_by_another_process_is_refused_before_anything_stops(back_t
         exec_on(HEAD, "systemctl", "stop", STRAY, check=False)
 
 
+# Measured 4 min 41 s in the lab (two rollouts and a 25 s outage).
+@pytest.mark.extended
 def test_the_cluster_link_down_during_start_recovers_when_it_returns(back_to_the_inventory):
     down_for = 25.0
 
@@ -102,6 +104,8 @@ def test_the_cluster_link_down_during_start_recovers_when_it_returns(back_to_the
     assert len(nodes_agree()) == 1
 
 
+# Measured 3 min 13 s in the lab (a host restart and two rollouts).
+@pytest.mark.extended
 def test_the_worker_rebooted_during_start_comes_back_and_the_rollout_completes(back_to_the_inventory):
     def reboot(_proc) -> None:
         podman("restart", "--time", "10", WORKER, timeout=180)
