@@ -309,6 +309,28 @@ def playbook_path(playbook: str | Path) -> Path:
     return ROOT / path
 
 
+def playbook_argv(
+    playbook: str | Path,
+    args: Sequence[str],
+    tags: str | None,
+    extra_vars: Mapping[str, Any] | None,
+    tmp: Path,
+) -> list[str]:
+    """``ansible-playbook -i <lab inventory> [EXTRA_ARGS] PLAYBOOK ARGS [--tags] [-e @tmp/extra-vars.json]``.
+
+    ``extra_vars`` go through a JSON file in ``tmp`` (typed; the caller removes it).
+    """
+    argv = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), *EXTRA_ARGS]
+    argv += [str(playbook_path(playbook)), *args]
+    if tags:
+        argv += ["--tags", tags]
+    if extra_vars is not None:
+        file = tmp / "extra-vars.json"
+        file.write_text(json.dumps(extra_vars))
+        argv += ["-e", f"@{file}"]
+    return argv
+
+
 def run_playbook(
     playbook: str | Path,
     *args: str,
@@ -324,15 +346,8 @@ def run_playbook(
     A failing play is a result (``rc``), not an exception; a hung one raises
     :class:`LabError` after ``timeout`` seconds.
     """
-    argv = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), *EXTRA_ARGS]
-    argv += [str(playbook_path(playbook)), *args]
-    if tags:
-        argv += ["--tags", tags]
     with tempfile.TemporaryDirectory(prefix="lab-vars-") as tmp:
-        if extra_vars is not None:
-            file = Path(tmp) / "extra-vars.json"
-            file.write_text(json.dumps(extra_vars))
-            argv += ["-e", f"@{file}"]
+        argv = playbook_argv(playbook, args, tags, extra_vars, Path(tmp))
         started = time.monotonic()
         done = run(argv, timeout=timeout, check=False, env=ansible_env(env))
     return PlaybookRun(argv, done.returncode, done.stdout, done.stderr, time.monotonic() - started)
@@ -374,13 +389,8 @@ def playbook_with_action(
     an operator would. Output is drained the whole time: ansible-playbook blocks
     on a full pipe. Returns the run and whether the action fired.
     """
-    argv = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), *EXTRA_ARGS]
-    argv += [str(playbook_path(playbook))] + (["--tags", tags] if tags else [])
     with tempfile.TemporaryDirectory(prefix="lab-vars-") as tmp:
-        if extra_vars is not None:
-            file = Path(tmp) / "extra-vars.json"
-            file.write_text(json.dumps(extra_vars))
-            argv += ["-e", f"@{file}"]
+        argv = playbook_argv(playbook, (), tags, extra_vars, Path(tmp))
         started = time.monotonic()
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
