@@ -13,17 +13,26 @@ import pytest
 from ansible_collections.localinference.vllm.plugins.module_utils import _ports
 
 # /proc/net/tcp and tcp6 as a Debian 12 kernel prints them (header + LISTEN + ESTABLISHED).
-TCP = """\
-  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 41213 1 0000000000000000 100 0 0 10 0
-   1: 00000000:7339 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 41299 1 0000000000000000 100 0 0 10 0
-   2: 0100007F:1F40 0100007F:B5F2 01 00000000:00000000 00:00000000 00000000     0        0 51210 1 0000000000000000 20 4 30 10 -1
-   3: garbage
-"""
-TCP6 = """\
-  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000000000000000000001000000:1F40 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 77 1 0000000000000000 100 0 0 10 0
-"""
+TCP = "\n".join(
+    [
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode",
+        "   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 41213 1"
+        " 0000000000000000 100 0 0 10 0",
+        "   1: 00000000:7339 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 41299 1"
+        " 0000000000000000 100 0 0 10 0",
+        "   2: 0100007F:1F40 0100007F:B5F2 01 00000000:00000000 00:00000000 00000000     0        0 51210 1"
+        " 0000000000000000 20 4 30 10 -1",
+        "   3: garbage",
+    ]
+)
+TCP6 = "\n".join(
+    [
+        "  sl  local_address                         remote_address                        st tx_queue"
+        " rx_queue tr tm->when retrnsmt   uid  timeout inode",
+        "   0: 00000000000000000000000001000000:1F40 00000000000000000000000000000000:0000 0A"
+        " 00000000:00000000 00:00000000 00000000     0        0 77 1 0000000000000000 100 0 0 10 0",
+    ]
+)
 
 
 @pytest.mark.parametrize(
