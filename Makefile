@@ -102,7 +102,7 @@ sanity: bootstrap
 
 # The lab tests: tests/lab/state is read-only (molecule verify runs it);
 # tests/lab/faults changes the lab and puts it back.
-LAB_PYTEST := $(BIN)/pytest -q -p no:cacheprovider
+LAB_PYTEST := $(BIN)/pytest -q -p no:cacheprovider --durations=0 --durations-min=20
 
 # molecule test's sequence, one step at a time, with the fault tests between
 # verify and destroy, which runs whatever happens. No $(MAKE) in the chain:
