@@ -8,18 +8,17 @@ one from the head's copy; ``verify`` checks another node's copy against it.
 
 The fast path trusts a file whose size and mtime equal the manifest's (rsync
 preserves mtimes, so a faithful copy matches) and hashes nothing for it;
-``full`` hashes every file.  Hashing runs several files at once in threads:
-``hashlib`` releases the GIL while it digests large buffers and so do file
-reads, so threads scale across cores without extra processes.
+``full`` hashes every file.  Hashing runs several files at once in threads,
+and each file is read by its own reader thread while it is hashed
+(``_file_hash``): ``hashlib`` releases the GIL while it digests large buffers
+and so do file reads, so threads scale across cores without extra processes.
 
 No AnsibleModule here: this file is unit-tested on its own.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import hashlib
 import json
 import os
 import re
@@ -30,6 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils._file_hash import (
+    READ_BYTES,
+    file_sha256,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._safetensors import (  # noqa: F401 (re-exported)
     MAX_SAFETENSORS_HEADER,
     SAFETENSORS_DTYPE_BYTES,
@@ -39,7 +42,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils._safetensors i
 
 MANIFEST_FORMAT = "localinference.vllm/weights-manifest-v1"
 MANIFEST_DIR = "localinference-manifests"
-CHUNK_BYTES = 1024 * 1024  # fits in L2: measured faster than 4 MiB
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -96,35 +98,17 @@ class Outcome:
 # --- hashing -----------------------------------------------------------------
 
 
-def _advise(fd: int, advice_name: str) -> None:
-    advice = getattr(os, advice_name, None)
-    if advice is not None and hasattr(os, "posix_fadvise"):
-        with contextlib.suppress(OSError):
-            os.posix_fadvise(fd, 0, 0, advice)
+def hash_file(
+    path: str, chunk_bytes: int = READ_BYTES, drop_cache: bool = False, overlap: bool = True
+) -> HashResult:
+    """Hash one file (``_file_hash.file_sha256``), checking a safetensors header on the way.
 
-
-def hash_file(path: str, chunk_bytes: int = CHUNK_BYTES, drop_cache: bool = False) -> HashResult:
-    """Hash one file, checking a safetensors header on the way.
-
-    With ``drop_cache`` the file's pages are released after reading so that a
+    With ``drop_cache`` the file's pages are released while it is read so that a
     verification of a large checkpoint does not fill the page cache (on GB10
     the page cache competes with CUDA allocations).
     """
-    digest = hashlib.sha256()
-    buf = bytearray(chunk_bytes)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as handle:
-        fd = handle.fileno()
-        stat = os.fstat(fd)
-        _advise(fd, "POSIX_FADV_SEQUENTIAL")
-        while True:
-            count = handle.readinto(buf)
-            if not count:
-                break
-            digest.update(view[:count])
-        if drop_cache:
-            _advise(fd, "POSIX_FADV_DONTNEED")
-    result = HashResult(sha256=digest.hexdigest(), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+    digest = file_sha256(path, read_bytes=chunk_bytes, drop_cache=drop_cache, overlap=overlap)
+    result = HashResult(sha256=digest.sha256, size=digest.size, mtime_ns=digest.mtime_ns)
     if path.endswith(".safetensors"):
         try:
             result.safetensors = read_safetensors_summary(path)
