@@ -8,8 +8,11 @@ They run on the controller over facts already gathered: no extra round trip.
 - ``fabric_ping_targets``: ``{ifname, peer, peer_address, size}`` for every ping this node sends.
 - ``fabric_drift``: running state against the profile -> ``{drift, activate, findings}``.
 - ``fabric_findings``: this node's findings (drift, link, speed, MTU, F19, RDMA, F20).
-- ``fabric_publish``: ``{inputs, result}`` for ``localinference.vllm.stage_result`` (stage fabric).
+- ``fabric_publish``: ``{inputs, result}`` for ``localinference.vllm.stage_result`` (stage fabric;
+  ``result.pings``: what every (interface, peer) pair answered).
 - ``fabric_report``: every node's findings as one table (a list of lines).
+- ``fabric_single_host``: ``{inputs, result, message}`` on the only node of the cluster
+  (nothing to link; ``module_utils/_fabric_single.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from functools import wraps
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils import _fabric
+from ansible_collections.localinference.vllm.plugins.module_utils import _fabric, _fabric_single
 
 
 def _judgement(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -29,7 +32,7 @@ def _judgement(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except _fabric.FabricInputError as exc:
+        except (_fabric.FabricInputError, _fabric_single.SingleHostInputError) as exc:
             raise AnsibleFilterError(f"{func.__name__}: {exc}") from None
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise AnsibleFilterError(
@@ -80,13 +83,19 @@ def fabric_publish(
     ethtool: dict[str, Any],
     rdma: dict[str, Any],
     findings: list[dict[str, Any]] | None = None,
+    pings: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    return _fabric.publish(_fabric.config(settings), ethtool, rdma, findings or [])
+    return _fabric.publish(_fabric.config(settings), ethtool, rdma, findings or [], pings or [])
 
 
 @_judgement
 def fabric_report(findings: list[dict[str, Any]]) -> list[str]:
     return _fabric.report(findings)
+
+
+@_judgement
+def fabric_single_host(host: str, nodes: list[str], interfaces: Any = None) -> dict[str, Any]:
+    return _fabric_single.single_host(host, nodes, interfaces)
 
 
 class FilterModule:
@@ -98,4 +107,5 @@ class FilterModule:
             "fabric_findings": fabric_findings,
             "fabric_publish": fabric_publish,
             "fabric_report": fabric_report,
+            "fabric_single_host": fabric_single_host,
         }

@@ -1,0 +1,142 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The fabric stage on the only node of the cluster, from case tables.
+
+``test_fabric_single.yaml`` holds the cases (host, the cluster's nodes,
+``cluster_network_interfaces`` -> saved result and message, or the error). The
+result must carry every key a linked node's result carries (``_fabric.publish``
+on recorded facts), so every reader of ``fabric.json`` reads both. The last test
+runs the role itself (``playbooks/fabric.yml --check``) on a one-host inventory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+from ansible_collections.localinference.vllm.plugins.filter.fabric import FilterModule
+from ansible_collections.localinference.vllm.plugins.module_utils import _fabric
+from ansible_collections.localinference.vllm.plugins.module_utils._fabric_single import (
+    SINGLE_HOST_LINK,
+    is_single_host,
+    single_host,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
+    canonical_json,
+)
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[3]
+CASES = yaml.safe_load((HERE / "test_fabric_single.yaml").read_text())
+FABRIC_CASES = yaml.safe_load((HERE / "test_fabric.yaml").read_text())
+RECORDED = yaml.safe_load((HERE / "test_fabric_facts.yaml").read_text())
+F = FilterModule().filters()
+
+
+def _ids(table: str) -> list[str]:
+    return [case["name"] for case in CASES[table]]
+
+
+def _linked_result() -> dict[str, Any]:
+    """A linked node's result, as _fabric.publish makes it from recorded facts."""
+    cfg = _fabric.config(FABRIC_CASES["configs"]["lab_head"])
+    ethtool = {"enp1s0f0np0": RECORDED["ethtool"]["veth_9000"]}
+    return _fabric.publish(cfg, ethtool, RECORDED["rdma"]["absent"], [])["result"]
+
+
+@pytest.mark.parametrize("case", CASES["single_host"], ids=_ids("single_host"))
+def test_single_host(case):
+    verdict = F["fabric_single_host"](case["host"], case["nodes"], case.get("interfaces"))
+    assert verdict["message"] == case["message"]
+    result = verdict["result"]
+    assert result["link"] == SINGLE_HOST_LINK == "single host: no cluster link"
+    assert result["message"].startswith(SINGLE_HOST_LINK)
+    assert result["single_host"] is True
+    assert result["nodes"] == [case["host"]]
+    # nothing to hand to the ranks, nothing checked, nothing wrong
+    assert result["env"] == {} and result["primary_ip"] == "" and result["interfaces"] == []
+    assert result["findings"] == [] and result["verified"] is False
+    assert verdict["inputs"] == {"single_host": True, "nodes": [case["host"]]}
+    # stage_result stores it as canonical JSON: it must serialise
+    assert canonical_json(result)
+
+
+def test_single_host_result_has_every_key_of_a_linked_result():
+    single = single_host("rtx-host", ["rtx-host"])["result"]
+    assert set(_linked_result()) <= set(single)
+    assert set(single) - set(_linked_result()) == {"single_host", "link", "nodes", "message"}
+
+
+@pytest.mark.parametrize("case", CASES["errors"], ids=_ids("errors"))
+def test_errors_name_the_input(case):
+    with pytest.raises(AnsibleFilterError) as caught:
+        F["fabric_single_host"](case["host"], case["nodes"], case.get("interfaces"))
+    assert str(caught.value) == f"fabric_single_host: {case['error']}"
+
+
+@pytest.mark.parametrize("case", CASES["is_single_host"], ids=lambda c: str(c["nodes"]))
+def test_is_single_host(case):
+    assert is_single_host(case["nodes"]) is case["single"]
+
+
+def _ansible_playbook() -> str | None:
+    venv = ROOT / ".venv" / "bin" / "ansible-playbook"
+    return str(venv) if venv.exists() else shutil.which("ansible-playbook")
+
+
+@pytest.mark.skipif(
+    _ansible_playbook() is None
+    or not (ROOT / ".lab" / "collections" / "ansible_collections" / "localinference").exists(),
+    reason="needs ansible-playbook and .lab/collections (make bootstrap)",
+)
+@pytest.mark.parametrize("interfaces", [None, [{"ifname": "lo", "address": "10.99.0.1/24"}]])
+def test_the_role_on_a_one_host_inventory_says_single_host_and_touches_nothing(
+    tmp_path: Path, interfaces: list[dict[str, str]] | None
+):
+    """fabric.yml on one local host (check mode): one message, nothing configured or pinged."""
+    python = ROOT / ".venv" / "bin" / "python"
+    host_vars = {} if interfaces is None else {"cluster_network_interfaces": interfaces}
+    inventory = {
+        "all": {
+            "vars": {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": str(
+                    python if python.exists() else "/usr/bin/python3"
+                ),
+            },
+            "children": {
+                "vllm_cluster": {
+                    "children": {
+                        "vllm_head": {"hosts": {"rtx-host": host_vars}},
+                        "vllm_workers": {},
+                    }
+                }
+            },
+        }
+    }
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
+    }
+    done = subprocess.run(
+        [_ansible_playbook(), "-i", str(tmp_path / "hosts.yml"),
+         str(ROOT / "playbooks" / "fabric.yml"), "--check"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert output.count("msg: 'single host: no cluster link: rtx-host is the only node") == 1, (
+        output
+    )
+    for task in ("Configure the cluster interfaces", "Ping the peers", "NetworkManager profile"):
+        assert task not in output
+    assert "failed=0" in output and "skipped=1" in output
