@@ -96,6 +96,25 @@ def test_table(name, driver, cuda, bus, total, used):
     assert gpu["memory_used_mib"] == used
 
 
+def test_table_two_rtx_pro_6000_max_q():
+    """Two cards in one host (seed 002's machine class): one row each, the name truncated."""
+    table = parse_table(fixture("nvidia-smi/rtx-pro-6000-maxq-x2-table.txt"))
+    assert (table["driver_version"], table["cuda_version"]) == ("595.71.05", "13.2")
+    rows = [
+        (g["index"], g["name"], g["pci_bus_id"], g["memory_total_mib"], g["memory_used_mib"])
+        for g in table["gpus"]
+    ]
+    assert rows == [
+        (0, "NVIDIA RTX PRO 6000 Blac...", "00000000:11:00.0", 97887, 15),
+        (1, "NVIDIA RTX PRO 6000 Blac...", "00000000:F1:00.0", 97887, 122),
+    ]
+    facts = build_facts(table["gpus"], table["driver_version"], table["cuda_version"], None)
+    assert facts["count"] == 2 and facts["unified_memory"] is False
+    assert facts["total_memory_mib"] == 2 * 97887
+    assert [g["memory_free_mib"] for g in facts["gpus"]] == [97872, 97765]
+    assert facts["min_free_memory_mib"] == 97765
+
+
 def test_table_without_header_is_an_error():
     with pytest.raises(NvidiaSmiParseError, match="Driver Version"):
         parse_table("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")

@@ -67,6 +67,34 @@ def test_h200_dedicated_memory(h200_smi, source):
     assert gpu["gpus"][0]["uuid"] == "GPU-00000000-1111-2222-3333-444444444444"
 
 
+@pytest.mark.parametrize("source", ["csv", "xml"])
+def test_rtx_pro_6000_pair_standin(monkeypatch, source):
+    """The lab's one-host stand-in: two discrete cards, full names and UUIDs from the recording."""
+    monkeypatch.setenv("LOCALINFERENCE_STANDIN_GPU", "rtx_pro_6000_pair")
+    result = run_module(gpu_facts, {"nvidia_smi": str(STANDIN), "source": source})
+    assert not result.failed, result.result
+    gpu = result.result["ansible_facts"]["gpu"]
+    assert (gpu["count"], gpu["unified_memory"]) == (2, False)
+    assert (gpu["driver_version"], gpu["cuda_version"]) == ("595.71.05", "13.2")
+    assert [g["name"] for g in gpu["gpus"]] == [
+        "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"
+    ] * 2
+    assert [g["uuid"] for g in gpu["gpus"]] == [
+        "GPU-23b4975b-2171-ea56-f5f7-f78bf0cd300a",
+        "GPU-d0b27d44-e215-eeda-b053-6a2342e854c5",
+    ]
+    assert [g["pci_bus_id"] for g in gpu["gpus"]] == ["00000000:11:00.0", "00000000:F1:00.0"]
+    assert [g["memory_free_mib"] for g in gpu["gpus"]] == [97872, 97765]
+    assert gpu["min_free_memory_mib"] == 97765
+
+
+def test_standin_refuses_an_unknown_profile(monkeypatch):
+    monkeypatch.setenv("LOCALINFERENCE_STANDIN_GPU", "h100")
+    result = run_module(gpu_facts, {"nvidia_smi": str(STANDIN), "required": True})
+    assert result.failed
+    assert "unknown profile 'h100'" in result.result["msg"], result.result
+
+
 def test_missing_binary_optional_and_required(tmp_path):
     missing = str(tmp_path / "no-such-nvidia-smi")
     result = run_module(gpu_facts, {"nvidia_smi": missing})
