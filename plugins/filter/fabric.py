@@ -22,7 +22,11 @@ from functools import wraps
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils import _fabric, _fabric_single
+from ansible_collections.localinference.vllm.plugins.module_utils import (
+    _fabric,
+    _fabric_pairs,
+    _fabric_single,
+)
 
 
 def _judgement(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -85,7 +89,10 @@ def fabric_publish(
     findings: list[dict[str, Any]] | None = None,
     pings: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    return _fabric.publish(_fabric.config(settings), ethtool, rdma, findings or [], pings or [])
+    cfg = _fabric.config(settings)
+    published = _fabric.publish(cfg, ethtool, rdma, findings or [])
+    published["result"]["pings"] = _fabric_pairs.ping_outcomes(cfg, pings or [])
+    return published
 
 
 @_judgement
