@@ -134,7 +134,9 @@ def free_memory(memory: Mapping[str, Any], gpu: Mapping[str, Any] | None) -> tup
     )
     if dedicated:
         free = int(gpu["min_free_memory_mib"]) * MIB
-        return free, f"least free GPU ({gpu.get('count')} x {name})"
+        least = least_free_gpu(gpu)
+        index = f" {least}" if least is not None and len(gpus) > 1 else ""
+        return free, f"least free GPU{index} ({gpu.get('count')} x {name})"
     if not gpu.get("present"):
         source = "MemAvailable"
     elif gpu.get("unified_memory"):
@@ -144,6 +146,35 @@ def free_memory(memory: Mapping[str, Any], gpu: Mapping[str, Any] | None) -> tup
     if memory.get("cgroup_limit_bytes") is not None:
         source += " capped by cgroup"
     return int(memory["effective_available_bytes"]), source
+
+
+def gpu_memory(gpu: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Each discrete GPU's free and total memory (one tensor-parallel rank each on a host
+    with several); empty for unified memory (GB10), no GPU, or a GPU that reports no memory."""
+    gpu = gpu or {}
+    if not gpu.get("present") or gpu.get("unified_memory"):
+        return []
+    out = []
+    for position, card in enumerate(gpu.get("gpus") or []):
+        free, total = card.get("memory_free_mib"), card.get("memory_total_mib")
+        if free is None or total is None:
+            continue
+        out.append(
+            {
+                "index": card["index"] if card.get("index") is not None else position,
+                "name": card.get("name") or "unknown GPU",
+                "free_bytes": int(free) * MIB,
+                "free_gib": _gib(int(free) * MIB, 2),
+                "total_gib": _gib(int(total) * MIB, 2),
+            }
+        )
+    return out
+
+
+def least_free_gpu(gpu: Mapping[str, Any] | None) -> int | None:
+    """The index of the discrete GPU with the least free memory (the first on a tie)."""
+    cards = gpu_memory(gpu)
+    return min(cards, key=lambda card: card["free_bytes"])["index"] if cards else None
 
 
 def rank_findings(
@@ -252,18 +283,26 @@ def rank_summary(
         "load_1m": memory["loadavg"]["1m"],
         "cpu_count": memory["cpu_count"],
         "other_users": memory["other_users"],
+        "gpus": gpu_memory(gpu),
         "findings": rank_findings(memory, free, thresholds, host),
     }
 
 
 def weakest_rank(nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The node with the least free memory (the first one on a tie); None without nodes."""
+    """The node with the least free memory (the first one on a tie); None without nodes.
+
+    ``gpu`` is the index of that node's least free GPU when it holds several discrete
+    ones (each a rank of tensor parallel inside the host), else None.
+    """
     if not nodes:
         return None
     host = min(nodes, key=lambda name: int(nodes[name]["free_bytes"]))
     free = int(nodes[host]["free_bytes"])
+    cards = nodes[host].get("gpus") or []
+    least = min(cards, key=lambda card: int(card["free_bytes"])) if len(cards) > 1 else None
     return {
         "host": host,
+        "gpu": least["index"] if least and int(least["free_bytes"]) == free else None,
         "free_bytes": free,
         "free_gib": _gib(free, 2),
         "source": str(nodes[host]["source"]).strip(),
@@ -457,7 +496,7 @@ def judge_cluster(
         "cluster_limits": cluster_limits(nodes),
         "findings": findings,
         "failing": failing,
-        "lines": report(nodes, silent, weakest, failing),
+        "lines": report(nodes, silent, weakest, failing, len(hosts)),
     }
 
 
@@ -473,13 +512,27 @@ def report(
     silent: Mapping[str, Mapping[str, Any]],
     weakest: Mapping[str, Any] | None,
     failing: Sequence[str],
+    cluster_size: int | None = None,
 ) -> list[str]:
-    """The table printed after every run (``*`` marks the weakest rank), then the findings."""
+    """The table printed after every run (``*`` marks the weakest rank), then the findings.
+
+    A node with several discrete GPUs gets one line per GPU under the table (each GPU
+    is a rank of tensor parallel inside the host; ``*`` marks the weakest). With one
+    node in the cluster every rank is on it: the advice says so instead of "not the head".
+    """
     lines = [f"Preflight failed on {', '.join(failing)}." if failing else "Preflight passed."]
+    single = (cluster_size if cluster_size is not None else len(nodes) + len(silent)) == 1
     if weakest:
+        where = weakest["host"] + (
+            f" GPU {weakest['gpu']}" if weakest.get("gpu") is not None else ""
+        )
+        advice = (
+            "one node holds every rank: size the plan for this one."
+            if single
+            else "size the plan for this rank, not the head."
+        )
         lines.append(
-            f"Weakest rank: {weakest['host']} with {weakest['free_gib']} GiB free"
-            f" ({weakest['source']}); size the plan for this rank, not the head."
+            f"Weakest rank: {where} with {weakest['free_gib']} GiB free ({weakest['source']}); {advice}"
         )
     lines.append("")
     lines.append(
@@ -505,6 +558,17 @@ def report(
         lines.append(
             _TABLE_ROW % ("", host, "-", "-", "-", "-", "-", "-", verdict["class"].upper())
         )
+    for host, rank in nodes.items():
+        cards = rank.get("gpus") or []
+        if len(cards) > 1:
+            lines.append("")
+            lines.append(f"GPUs of {host} (one rank each):")
+            marked = weakest.get("gpu") if weakest and weakest["host"] == host else None
+            lines.extend(
+                f"  {'*' if card['index'] == marked else ' '} GPU {card['index']}  {card['name']}"
+                f"  {card['free_gib']:.2f} GiB free of {card['total_gib']:.2f} GiB"
+                for card in cards
+            )
     for rank in nodes.values():
         if rank.get("findings"):
             lines.append("")

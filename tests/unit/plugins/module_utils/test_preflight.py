@@ -85,6 +85,16 @@ def node_facts(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         table = parse_table(_fixture("nvidia-smi/h200-table.txt"))
         gpus = parse_query_csv(_fixture("nvidia-smi/h200-query-gpu.csv"))
         gpu = build_facts(gpus, table["driver_version"], table["cuda_version"], None)
+    elif gpu_spec == "rtx_pro_6000_pair":
+        table = parse_table(_fixture("nvidia-smi/rtx-pro-6000-maxq-x2-table.txt"))
+        names = parse_query_csv(
+            _fixture("nvidia-smi/rtx-pro-6000-maxq-x2-query-name-compute_cap.csv"),
+            ("name", "compute_cap"),
+        )
+        gpus = [
+            row | {"name": named["name"]} for row, named in zip(table["gpus"], names, strict=True)
+        ]
+        gpu = build_facts(gpus, table["driver_version"], table["cuda_version"], None)
     elif gpu_spec == "gb10":
         table = parse_table(_fixture("nvidia-smi/gb10-table.txt"))
         gpu = build_facts(table["gpus"], table["driver_version"], table["cuda_version"], meminfo)
@@ -130,6 +140,7 @@ def test_rank(case):
         "load_1m",
         "cpu_count",
         "other_users",
+        "gpus",
         "findings",
     }
 
