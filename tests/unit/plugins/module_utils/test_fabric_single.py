@@ -11,9 +11,6 @@ runs the role itself (``playbooks/fabric.yml --check``) on a one-host inventory.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -83,60 +80,3 @@ def test_errors_name_the_input(case):
 @pytest.mark.parametrize("case", CASES["is_single_host"], ids=lambda c: str(c["nodes"]))
 def test_is_single_host(case):
     assert is_single_host(case["nodes"]) is case["single"]
-
-
-def _ansible_playbook() -> str | None:
-    venv = ROOT / ".venv" / "bin" / "ansible-playbook"
-    return str(venv) if venv.exists() else shutil.which("ansible-playbook")
-
-
-@pytest.mark.skipif(
-    _ansible_playbook() is None
-    or not (ROOT / ".lab" / "collections" / "ansible_collections" / "localinference").exists(),
-    reason="needs ansible-playbook and .lab/collections (make bootstrap)",
-)
-@pytest.mark.parametrize("interfaces", [None, [{"ifname": "lo", "address": "10.99.0.1/24"}]])
-def test_the_role_on_a_one_host_inventory_says_single_host_and_touches_nothing(
-    tmp_path: Path, interfaces: list[dict[str, str]] | None
-):
-    """fabric.yml on one local host (check mode): one message, nothing configured or pinged."""
-    python = ROOT / ".venv" / "bin" / "python"
-    host_vars = {} if interfaces is None else {"cluster_network_interfaces": interfaces}
-    inventory = {
-        "all": {
-            "vars": {
-                "ansible_connection": "local",
-                "ansible_python_interpreter": str(
-                    python if python.exists() else "/usr/bin/python3"
-                ),
-            },
-            "children": {
-                "vllm_cluster": {
-                    "children": {
-                        "vllm_head": {"hosts": {"rtx-host": host_vars}},
-                        "vllm_workers": {},
-                    }
-                }
-            },
-        }
-    }
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
-    }
-    done = subprocess.run(
-        [_ansible_playbook(), "-i", str(tmp_path / "hosts.yml"),
-         str(ROOT / "playbooks" / "fabric.yml"), "--check"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-3000:]
-    assert output.count("msg: 'single host: no cluster link: rtx-host is the only node") == 1, (
-        output
-    )
-    for task in ("Configure the cluster interfaces", "Ping the peers", "NetworkManager profile"):
-        assert task not in output
-    assert "failed=0" in output and "skipped=1" in output
