@@ -362,8 +362,46 @@ def test_seed_002_scheduled_tokens_match_the_recipe_figure():
     assert "F15" in [v["id"] for v in result["violations"] if v["severity"] == "warning"]
 
 
-def test_example_inventory_serves_the_dgx_spark_pair_recipe():
-    group_vars = yaml.safe_load((ROOT / "inventories/example/group_vars/all.yml").read_text())
-    assert group_vars["localinference_profile"] == "dgx_spark_pair"
-    assert "recipes/dgx_spark_pair.yml" in group_vars["vllm_recipe"]
+# The example inventories and the recipe each serves.
+EXAMPLES = {"example": "dgx_spark_pair", "example-rtx-pro-6000": "rtx_pro_6000_pair"}
+
+
+def _hosts(group: dict[str, Any] | None) -> list[str]:
+    """Every host of an inventory group (YAML inventory layout), children included."""
+    group = group or {}
+    names = list((group.get("hosts") or {}).keys())
+    for child in (group.get("children") or {}).values():
+        names += _hosts(child)
+    return names
+
+
+@pytest.mark.parametrize(("inventory", "profile"), EXAMPLES.items(), ids=list(EXAMPLES))
+def test_example_inventory_serves_its_recipe(inventory, profile):
+    folder = ROOT / "inventories" / inventory
+    group_vars = yaml.safe_load((folder / "group_vars/all.yml").read_text())
+    assert group_vars["localinference_profile"] == profile
+    assert f"recipes/{profile}.yml" in group_vars["vllm_recipe"]
     assert ").vllm_recipe" in group_vars["vllm_recipe"]
+    # The inventory has as many nodes as the recipe is made for, one head.
+    cluster = yaml.safe_load((folder / "hosts.yml").read_text())["vllm_cluster"]
+    head = _hosts(cluster["children"]["vllm_head"])
+    workers = _hosts(cluster["children"].get("vllm_workers"))
+    assert len(head) == 1
+    assert len(head) + len(workers) == _load(RECIPES / f"{profile}.yml")["nodes"]
+    # Every node of a cluster of several has its cluster link; a single host has none to set.
+    for host in head + workers:
+        host_vars = folder / "host_vars" / f"{host}.yml"
+        if workers:
+            assert yaml.safe_load(host_vars.read_text())["cluster_network_interfaces"]
+        else:
+            assert not host_vars.exists()
+    assert ("cluster_network_expected_speed_mbps" in group_vars) == bool(workers)
+
+
+def test_the_rtx_pro_6000_example_renders_tensor_parallel_inside_one_host():
+    """The one-host example's recipe as its only node renders it: TP 2, no multi-node flag."""
+    document = _load(RECIPES / "rtx_pro_6000_pair.yml")
+    (argv,) = _argvs(document)
+    assert argv == HEAD_ARGV["rtx_pro_6000_pair"]
+    assert not {"--nnodes", "--node-rank", "--master-addr", "--headless"} & set(argv)
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
