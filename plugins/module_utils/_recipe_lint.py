@@ -3,7 +3,7 @@
 """Failure-catalog lint of a recipe against the KV plan and the host's limits.
 
 Each finding is ``{id, severity, message}`` with the catalog id (F1, F2, F3,
-F6, F8, F9, F12, F14, F15, F16, F17); the message names the recipe key and
+F6, F8, F9, F12, F14, F15, F16, F17, F27); the message names the recipe key and
 the fix. The recipe uses vLLM's option names with underscores (the serve
 engineer's ``_recipe.py`` owns the schema; this file only reads it).
 """
@@ -300,3 +300,169 @@ def lint_context(
             )
         ]
     return []
+
+
+# --------------------------------------------------------------------------- parallel layout (F27)
+
+# Where the layout's sizes come from in a Hugging Face config.json; multimodal
+# checkpoints keep the language model's under ``text_config``.
+_GEOMETRY_KEYS = {
+    "attention_heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "layers": "num_hidden_layers",
+}
+# A GPU named one by one in vllm_recipe.devices (CDI name or device node).
+_ONE_GPU = re.compile(r"^(?:nvidia\.com/gpu=\d+|/dev/nvidia\d+)(?::.*)?$")
+
+
+def model_geometry(config: Any) -> dict[str, int]:
+    """Heads, KV heads and layers from a ``config.json`` mapping (what is there and positive)."""
+    if not isinstance(config, dict):
+        return {}
+    sources = [config]
+    if isinstance(config.get("text_config"), dict):
+        sources.insert(0, config["text_config"])
+    out: dict[str, int] = {}
+    for name, key in _GEOMETRY_KEYS.items():
+        for source in sources:
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                out[name] = value
+                break
+    return out
+
+
+def gpus_in_devices(devices: Any) -> int | None:
+    """GPUs ``vllm_recipe.devices`` hands the engine one by one, or None when not countable.
+
+    ``nvidia.com/gpu=0`` and ``/dev/nvidia0`` count one each; ``nvidia.com/gpu=all``
+    or no GPU entry at all leaves the count unknown (None), never a guess.
+    """
+    if not isinstance(devices, list):
+        return None
+    named = [d for d in devices if isinstance(d, str) and _ONE_GPU.match(d.strip())]
+    if not named or any(isinstance(d, str) and d.strip().endswith("=all") for d in devices):
+        return None
+    return len(set(named))
+
+
+def _layout_hint(ranks: int, per_node: int, heads: int | None, layers: int | None) -> str:
+    """A TP x PP pair for ``ranks`` ranks: TP within a node, PP across nodes, when the model allows."""
+    divisors = [d for d in range(1, ranks + 1) if ranks % d == 0]
+    fits = [
+        d
+        for d in divisors
+        if (heads is None or heads % d == 0) and (layers is None or ranks // d <= layers)
+    ]
+    if not fits:
+        return ""
+    tp = per_node if per_node in fits else max(fits)
+    return f"tensor_parallel_size: {tp} and pipeline_parallel_size: {ranks // tp}"
+
+
+def lint_parallel(
+    recipe: dict[str, Any],
+    nodes: int,
+    gpus_per_node: int | None = None,
+    geometry: dict[str, int] | None = None,
+) -> list[dict[str, str]]:
+    """F27: the parallel layout does not fit the cluster or the model.
+
+    vLLM runs ``tensor_parallel_size x pipeline_parallel_size`` (x
+    ``data_parallel_size``) ranks, ``world_size / nnodes`` of them on each node
+    (``nodes``: the hosts of ``vllm_cluster``). The ranks must spread evenly over
+    the nodes and, when ``gpus_per_node`` is known, match the GPUs each node
+    gives the engine. With the model's ``geometry`` (:func:`model_geometry`)
+    the attention and KV heads must divide by TP and every pipeline stage must
+    hold a layer.
+    """
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise RecipeInputError(f"nodes must be the number of hosts in vllm_cluster, got {nodes!r}")
+    if gpus_per_node is not None and (
+        isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1
+    ):
+        raise RecipeInputError(f"gpus_per_node must be a positive integer, got {gpus_per_node!r}")
+    sizes = {}
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        value = _int(recipe, key)
+        if value is not None and value < 1:
+            raise RecipeInputError(f"recipe.{key} must be 1 or more, got {value}")
+        sizes[key] = value or 1
+    tp, pp, dp = (sizes[k] for k in sizes)
+    geometry = geometry or {}
+    heads, kv_heads, layers = (geometry.get(k) for k in ("attention_heads", "kv_heads", "layers"))
+    ranks = tp * pp * dp
+    layout = f"tensor_parallel_size x pipeline_parallel_size = {tp} x {pp}"
+    layout += f" x data_parallel_size {dp}" if dp > 1 else ""
+    found = []
+    if ranks % nodes:
+        per_node = gpus_per_node or max(1, -(-ranks // nodes))
+        hint = _layout_hint(nodes * per_node, per_node, heads, layers)
+        found.append(
+            _v(
+                "F27",
+                "error",
+                f"vllm_recipe.{layout} = {ranks} rank{'s' if ranks > 1 else ''} cannot be spread"
+                f" evenly over the {nodes} node{'s' if nodes > 1 else ''} of vllm_cluster (vLLM"
+                " starts world_size / nnodes ranks on each node, so some ranks would never"
+                f" start): set the product to {nodes * per_node}"
+                + (f" ({hint})" if hint else "")
+                + f", or put {ranks} nodes in vllm_cluster",
+            )
+        )
+    elif gpus_per_node is not None and ranks // nodes != gpus_per_node:
+        per_node = ranks // nodes
+        hint = _layout_hint(nodes * gpus_per_node, gpus_per_node, heads, layers)
+        more = per_node > gpus_per_node
+        found.append(
+            _v(
+                "F27",
+                "error" if more else "warning",
+                f"vllm_recipe.{layout} = {ranks} ranks over {nodes} node{'s' if nodes > 1 else ''}"
+                f" is {per_node} rank{'s' if per_node > 1 else ''} per node, but each node gives"
+                f" the engine {gpus_per_node} GPU{'s' if gpus_per_node > 1 else ''}"
+                " (vllm_recipe.devices): "
+                + (
+                    "the extra ranks find no GPU and the start fails"
+                    if more
+                    else f"{gpus_per_node - per_node} GPU(s) per node stay idle"
+                )
+                + f"; use {nodes * gpus_per_node} ranks"
+                + (f" ({hint})" if hint else "")
+                + " or change vllm_recipe.devices",
+            )
+        )
+    if heads is not None and heads % tp:
+        divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        found.append(
+            _v(
+                "F27",
+                "error",
+                f"vllm_recipe.tensor_parallel_size {tp} does not divide the model's {heads}"
+                " attention heads (config.json num_attention_heads): vLLM refuses to start; use"
+                f" one of {divisors} and carry the other ranks with pipeline_parallel_size",
+            )
+        )
+    elif kv_heads is not None and (kv_heads % tp if tp < kv_heads else tp % kv_heads):
+        found.append(
+            _v(
+                "F27",
+                "error",
+                f"vllm_recipe.tensor_parallel_size {tp} and the model's {kv_heads} KV heads"
+                " (config.json num_key_value_heads) neither divide the other: vLLM cannot shard"
+                " or replicate the KV heads; use a tensor_parallel_size that divides or is a"
+                f" multiple of {kv_heads}",
+            )
+        )
+    if layers is not None and pp > layers:
+        found.append(
+            _v(
+                "F27",
+                "error",
+                f"vllm_recipe.pipeline_parallel_size {pp} exceeds the model's {layers} layers"
+                " (config.json num_hidden_layers): a pipeline stage would hold no layer; set"
+                f" pipeline_parallel_size to at most {layers} and carry the other ranks with"
+                " tensor_parallel_size",
+            )
+        )
+    return found

@@ -135,6 +135,12 @@ options:
         C(constant_per_token) (V0-style block reports) count as such evidence.
     type: bool
     default: false
+  nodes:
+    description:
+      - The number of hosts in C(vllm_cluster). When given, the recipe's parallel layout is linted
+        against it (F27) - C(tensor_parallel_size) x C(pipeline_parallel_size) ranks must spread
+        evenly over the nodes - and the findings join C(violations).
+    type: int
   recipe_hash:
     description:
       - The C(recipe_hash) of the recipe being planned, as the observations record it. Observations
@@ -318,6 +324,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint i
     RecipeInputError,
     lint_context,
     lint_offload,
+    lint_parallel,
     lint_scheduling,
     lint_static,
     parse_size,
@@ -348,6 +355,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "recipe_hash": {"type": "str"},
     "calibration": {"type": "str"},
     "constant_per_token": {"type": "bool", "default": False},
+    "nodes": {"type": "int"},
 }
 
 
@@ -454,6 +462,12 @@ def _scheduled(recipe: dict[str, Any]) -> int | None:
     return scheduled_tokens(int(batched), int(recipe.get("max_num_seqs") or 1), tokens, parallel)
 
 
+def _layout(params: dict[str, Any], recipe: dict[str, Any]) -> list[dict[str, str]]:
+    """F27 against the cluster's node count, when the caller knows it."""
+    nodes = params.get("nodes")
+    return lint_parallel(recipe, nodes) if nodes is not None else []
+
+
 def _lint_only(
     params: dict[str, Any], recipe: dict[str, Any], explicit: int | None, pinned: int | None
 ) -> dict[str, Any]:
@@ -475,7 +489,8 @@ def _lint_only(
         )
     weakest, found = _weakest_rank_check(params["weakest_rank"], pinned)
     scheduled = _scheduled(recipe)
-    violations += found + lint_static(recipe) + lint_scheduling(recipe, scheduled)
+    violations += found + lint_static(recipe) + _layout(params, recipe)
+    violations += lint_scheduling(recipe, scheduled)
     violations += lint_offload(recipe, params["host_limits"])
     served = explicit or 0
     client = (
@@ -579,7 +594,7 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
         )
     weakest, weakest_violations = _weakest_rank_check(params["weakest_rank"], pinned)
     violations += weakest_violations
-    violations += lint_static(recipe)
+    violations += lint_static(recipe) + _layout(params, recipe)
     if explicit is not None:
         violations += lint_context(
             recipe, concurrency_at(plan, explicit), length, params["min_concurrency"]

@@ -188,7 +188,10 @@ environment:
   returned: always
   type: dict
 problems:
-  description: Deployment defects in the recipe (C(id), C(blocking), C(message)); F14, F17.
+  description:
+    - Deployment defects in the recipe (C(id), C(blocking), C(message)); F14, F17.
+    - F27 when the parallel layout does not fit the cluster (C(node.nnodes)), the GPUs named in
+      C(recipe.devices) or the model's C(config.json) in C(node.weights_path) (heads, KV heads, layers).
   returned: always
   type: list
   elements: dict
@@ -232,6 +235,7 @@ live_findings:
   elements: dict
 """
 
+import json
 import os
 import stat
 import tempfile
@@ -245,6 +249,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe import
     parse_help_flags,
     problems,
     unknown_flags,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint import (
+    RecipeInputError,
+    gpus_in_devices,
+    lint_parallel,
+    model_geometry,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._state import (
     OWN_UNIT_NAMES,
@@ -265,6 +275,30 @@ STATE_FIX = (
     "run the rollout (state=present rewrites serving.json and the units); if the file is not the "
     "collection's, move it away"
 )
+
+
+# A config.json larger than this is not a model configuration.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+
+def layout_problems(recipe, node):
+    """F27 (the parallel layout against the nodes, the devices and the model) as problems.
+
+    The model's geometry comes from the node's ``config.json`` when it can be read;
+    an absent or unreadable file leaves the head and layer checks out, never guesses.
+    """
+    try:
+        text = read_text(os.path.join(node.weights_path, "config.json"), MAX_CONFIG_BYTES)
+        config = json.loads(text) if text is not None else None
+    except (StateFileError, ValueError):
+        config = None
+    found = lint_parallel(
+        recipe, node.nnodes, gpus_in_devices(recipe["devices"]), model_geometry(config)
+    )
+    return [
+        {"id": f["id"], "blocking": f["severity"] == "error", "message": f["message"]}
+        for f in found
+    ]
 
 
 def _load(path, unit_dirs, label):
@@ -405,6 +439,10 @@ def main():
         module.fail_json(
             msg=f"node.rank {node.rank} is outside 0..{node.nnodes - 1}; the head is rank 0"
         )
+    try:
+        layout = layout_problems(recipe, node)
+    except RecipeInputError as exc:
+        module.fail_json(msg=f"vllm_recipe: {exc}")
     # Unit records in a node's document are trusted only inside these directories.
     unit_dirs = sorted({unit_dir, *UNIT_DIRS.values()})
     try:
@@ -432,7 +470,7 @@ def main():
         "server_argv": document["server_argv"],
         "ray_argv": document["ray_argv"],
         "environment": document["environment"],
-        "problems": problems(recipe),
+        "problems": problems(recipe) + layout,
         "live_hash": trusted["recipe_hash"],
         "live_start_order": trusted["start_order"],
         "live_recipe": trusted["recipe"],
