@@ -22,7 +22,11 @@ Stdlib only and self-contained: besides being imported by the
 ``localinference.vllm.memory_admission`` module, this file is installed on the
 nodes as a program (``/usr/local/libexec/localinference/admission``), where the
 collection is not installed. ``main()`` exits 0 to admit and 1 to refuse (also
-when the evidence cannot be read: fail closed), with one line on stderr.
+when the evidence cannot be read: fail closed), with one line on stderr that starts with
+``REFUSAL_MARKER`` (the rollout quotes it when a start fails). ``--drop-caches`` (unified
+memory: NVIDIA's advice for GB10) first writes back dirty pages and drops the clean page
+cache, so the engine's own view of free memory is not crowded by cache; the measurement after
+it is the same (``MemAvailable`` already counts reclaimable cache).
 ``tests/unit/plugins/module_utils/test_admission.py`` checks that its parsing
 agrees with ``_memory_facts`` on the same recorded files.
 """
@@ -41,6 +45,9 @@ KIB = 1024
 GIB = 1024**3
 ADMIT, REFUSE, USAGE = 0, 1, 2
 DOC = "docs/failure-catalog.md#f4"
+# The first words of every refusal line; the serve role finds the line in the unit's journal.
+REFUSAL_MARKER = "localinference admission refused the start"
+DROP_CACHES = "/proc/sys/vm/drop_caches"
 # cgroup v1 reports "no limit" as a page-rounded LONG_MAX.
 UNLIMITED = 2**62
 MAX_READ = 1024 * 1024
@@ -252,6 +259,21 @@ def _gib(value: float) -> str:
     return f"{value / GIB:.2f} GiB"
 
 
+def drop_caches(path: str = DROP_CACHES, sync: Callable[[], None] = os.sync) -> str | None:
+    """``sync``, then ``3`` into ``path`` (page cache, dentries and inodes); None when done.
+
+    A failure (not root, a read-only ``/proc/sys`` in a container) is returned as a reason,
+    not raised: the decision does not depend on it, and the message says it was not done.
+    """
+    sync()
+    try:
+        with open(path, "w", encoding="ascii") as handle:
+            handle.write("3\n")
+    except OSError as exc:
+        return f"page caches not dropped ({path}: {exc.strerror or exc})"
+    return None
+
+
 def decide(
     available_bytes: int,
     levels: Sequence[dict[str, Any]],
@@ -259,8 +281,12 @@ def decide(
     reserve_bytes: int,
     tenant_list: Sequence[dict[str, Any]] = (),
     host: str = "",
+    caches: str = "",
 ) -> dict[str, Any]:
-    """Admit when the lowest of MemAvailable and every level's headroom covers need + reserve."""
+    """Admit when the lowest of MemAvailable and every level's headroom covers need + reserve.
+
+    ``caches`` says what happened to the page caches first (empty: not asked).
+    """
     if need_bytes < 0 or reserve_bytes < 0:
         raise AdmissionError(
             f"need ({need_bytes}) and reserve ({reserve_bytes}) must be 0 or more bytes"
@@ -276,11 +302,12 @@ def decide(
     total = need_bytes + reserve_bytes
     admitted = available >= total
     where = f" on {host}" if host else ""
+    after = f"; {caches}" if caches else ""
     if admitted:
         message = (
             f"localinference admission: admitted{where}: {_gib(available)} available ({source})"
             f" covers {_gib(total)} ({_gib(need_bytes)} for this rank + {_gib(reserve_bytes)}"
-            " reserve)"
+            f" reserve){after}"
         )
     else:
         names = (
@@ -291,9 +318,9 @@ def decide(
             or "none found"
         )
         message = (
-            f"localinference admission refused the start{where}: {_gib(available)} available"
+            f"{REFUSAL_MARKER}{where}: {_gib(available)} available"
             f" ({source}) is below {_gib(total)} ({_gib(need_bytes)} for this rank +"
-            f" {_gib(reserve_bytes)} reserve); largest processes by RSS: {names}. Free memory"
+            f" {_gib(reserve_bytes)} reserve){after}; largest processes by RSS: {names}. Free memory"
             f" on this node (those processes are not touched: ask their owners) or plan for"
             f" less, then start again ({DOC})"
         )
@@ -307,6 +334,7 @@ def decide(
         "rank_need_bytes": need_bytes,
         "reserve_bytes": reserve_bytes,
         "tenants": list(tenant_list),
+        "caches": caches,
         "message": message,
     }
 
@@ -328,9 +356,13 @@ def check(
     top: int = 5,
     exclude_pids: Iterable[int] = (),
     host: str = "",
+    drop: Callable[[], str | None] | None = None,
 ) -> dict[str, Any]:
     """Read this node's evidence and decide. ``cgroup`` defaults to the caller's own (in
-    ``ExecStartPre`` that is the serving unit's)."""
+    ``ExecStartPre`` that is the serving unit's). ``drop`` (:func:`drop_caches`) runs first."""
+    caches = ""
+    if drop is not None:
+        caches = drop() or "page caches dropped first"
     meminfo = _read(os.path.join(proc_root, "meminfo"))
     if meminfo is None:
         raise AdmissionError(f"cannot read {proc_root}/meminfo")
@@ -354,10 +386,10 @@ def check(
     leaf = (unit_path or "").rstrip("/").rsplit("/", 1)[-1]
     exclude = unit_path if leaf.endswith((".service", ".scope")) else None
     skip = {os.getpid(), *exclude_pids}
-    decision = decide(available, levels, need_bytes, reserve_bytes, (), host)
+    decision = decide(available, levels, need_bytes, reserve_bytes, (), host, caches)
     if not decision["admitted"]:
         found_tenants = tenants(proc_root, skip, exclude, top)
-        decision = decide(available, levels, need_bytes, reserve_bytes, found_tenants, host)
+        decision = decide(available, levels, need_bytes, reserve_bytes, found_tenants, host, caches)
     decision["cgroup"] = unit_path
     return decision
 
@@ -384,6 +416,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--exclude-pid", type=int, action="append", default=[])
     parser.add_argument("--host", default=os.uname().nodename)
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+    parser.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help=f"sync and drop the page caches ({DROP_CACHES}) before measuring (unified memory)",
+    )
     args = parser.parse_args(argv)
     try:
         decision = check(
@@ -394,10 +431,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.top,
             args.exclude_pid,
             args.host,
+            drop_caches if args.drop_caches else None,
         )
     except AdmissionError as exc:
         print(
-            f"localinference admission refused the start: {exc}; the memory cannot be judged,"
+            f"{REFUSAL_MARKER} on {args.host}: {exc}; the memory cannot be judged,"
             f" so nothing is started (fail closed) ({DOC})",
             file=sys.stderr,
         )

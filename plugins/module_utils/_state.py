@@ -24,6 +24,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe import
     canonical_json,
     recipe_hash,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
+    SLICE,
+    Guards,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._units import (
     RAY_UNIT,
     SERVER_UNIT,
@@ -34,10 +38,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils._units import 
 STATE_SCHEMA = 1
 # serving.json is a few kilobytes; anything far larger is not ours.
 MAX_STATE_BYTES = 4 * 1024 * 1024
-# The only unit files and services this collection writes.
+# The only unit files and services this collection writes (the slice: unified memory only).
 OWN_UNIT_NAMES = frozenset(
     f"{unit}.{kind}" for unit in (SERVER_UNIT, RAY_UNIT) for kind in ("container", "service")
-)
+) | {SLICE}
 OWN_SERVICES = frozenset(f"{unit}.service" for unit in (SERVER_UNIT, RAY_UNIT))
 HEX64 = re.compile(r"[0-9a-f]{64}")
 # differences() lists at most this many lines and compares no deeper than this.
@@ -94,13 +98,26 @@ def parse_document(text: str, label: str) -> tuple[Any, list[str]]:
 
 
 def desired(
-    recipe: dict[str, Any], node: Node, unit_dir: str, venv_dir: str = ""
+    recipe: dict[str, Any],
+    node: Node,
+    unit_dir: str,
+    venv_dir: str = "",
+    guards: Guards | None = None,
+    slice_dir: str = "/etc/systemd/system",
 ) -> dict[str, Any]:
-    """``{"document": ..., "units": [{name, path, content}]}`` for a normalised recipe."""
+    """``{"document": ..., "units": [{name, path, content}]}`` for a normalised recipe.
+
+    The slice unit (``guards`` on unified memory) goes to ``slice_dir``: systemd reads slices
+    there, not in Quadlet's directory. The document records the guards' ``memory`` need.
+    """
     digest = recipe_hash(recipe)
-    rendered = render_units(recipe, node, digest, venv_dir)
+    rendered = render_units(recipe, node, digest, venv_dir, guards)
     units = [
-        {"name": u["name"], "path": f"{unit_dir.rstrip('/')}/{u['name']}", "content": u["content"]}
+        {
+            "name": u["name"],
+            "path": f"{(slice_dir if u['name'] == SLICE else unit_dir).rstrip('/')}/{u['name']}",
+            "content": u["content"],
+        }
         for u in rendered["units"]
     ]
     document = {
@@ -125,6 +142,8 @@ def desired(
             for u in units
         ],
     }
+    if guards is not None:
+        document["memory"] = guards.need
     return {"document": json.loads(canonical_json(document)), "units": units}
 
 

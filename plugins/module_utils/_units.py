@@ -11,6 +11,14 @@ Inputs arrive validated (``_recipe.normalise``, ``_recipe.make_node``); the
 rendered text is checked once more before it is returned (:func:`unit_problems`):
 every line must be one the template writes, so no value can smuggle in a
 section or a setting (``ExecStartPre=`` after a newline in a model name).
+
+The memory guards (``_serve_memory.Guards``, optional) add the admission check as
+``ExecStartPre=`` of the unit that starts first on the node for the engine (the server where
+there is one, else the Ray worker), the offload reclaim as ``ExecStartPre=``/``ExecStopPost=``
+of the unit whose processes hold the engine's workers (the Ray unit under Ray, else the
+server), and on unified memory ``OOMScoreAdjust=`` and ``Slice=`` on every serving unit plus the
+``localinference.slice`` unit itself. Quadlet copies ``[Service]`` keys into the service it
+generates, so both deploy modes carry the same lines.
 """
 
 from __future__ import annotations
@@ -25,6 +33,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe import
     environment,
     ray_argv,
     serve_argv,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
+    SLICE,
+    Guards,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
     ValidationError,
@@ -48,12 +60,13 @@ LIMIT_KEYS = frozenset(f"Limit{name}" for name in [*_LIMITS.split(), "SIGPENDING
 _CONTAINER_KEYS = """ContainerName Image Pull Network Label Entrypoint Volume AddDevice Ulimit
 ShmSize PodmanArgs Environment Exec"""
 _SERVICE_KEYS = """ExecStartPre Restart RestartSec TimeoutStartSec TimeoutStopSec Type Environment
-ExecStart ExecStop"""
+ExecStart ExecStop ExecStopPost OOMScoreAdjust Slice"""
 SECTION_KEYS: dict[str, frozenset[str]] = {
     "Unit": frozenset({"Description", "Wants", "After", "Requires"}),
     "Container": frozenset(_CONTAINER_KEYS.split()),
     "Service": frozenset(_SERVICE_KEYS.split()) | LIMIT_KEYS,
     "Install": frozenset({"WantedBy"}),
+    "Slice": frozenset({"MemoryHigh", "MemoryMax"}),
 }
 
 
@@ -126,6 +139,42 @@ def _header(digest: str, what: str) -> list[str]:
     ]
 
 
+def _guard_lines(guards: Guards | None, *, admission: bool, engine: bool) -> list[str]:
+    """The guards' ``[Service]`` lines of one unit (see the module docstring for which)."""
+    if guards is None:
+        return []
+    lines = []
+    if engine and guards.reclaim_argv:
+        lines.append(f"ExecStartPre={_join(guards.reclaim_argv)}")
+    if admission and guards.admission_argv:
+        lines.append(f"ExecStartPre={_join(guards.admission_argv)}")
+    if engine and guards.reclaim_argv:
+        # No "-" prefix: orphans that cannot be proven unused leave the unit "failed" (systemctl
+        # --failed, the doctor's unit states) with the reason in its journal. The stop itself
+        # is done by then, and the next start's ExecStartPre proves it again before any load;
+        # "-" would hide that orphans were left behind.
+        lines.append(f"ExecStopPost={_join(guards.reclaim_argv)}")
+    if guards.oom_score_adjust is not None:
+        lines.append(f"OOMScoreAdjust={int(guards.oom_score_adjust)}")
+    if guards.memory_max_bytes is not None:
+        lines.append(f"Slice={SLICE}")
+    return lines
+
+
+def _slice_lines(digest: str, host: str, guards: Guards) -> list[str]:
+    return [
+        f"{HASH_MARKER}{digest}",
+        MANAGED_COMMENT,
+        "[Unit]",
+        f"Description={_description(f'localinference.vllm serving units on {host}')}"
+        f" (recipe {digest[:12]})",
+        "",
+        "[Slice]",
+        f"MemoryHigh={int(guards.memory_high_bytes or 0)}",
+        f"MemoryMax={int(guards.memory_max_bytes or 0)}",
+    ]
+
+
 def _service_tail(recipe: dict[str, Any], extra: list[str] | None = None) -> list[str]:
     return [
         "",
@@ -182,13 +231,18 @@ def _container(
 
 
 def render_units(
-    recipe: dict[str, Any], node: Node, digest: str, venv_dir: str = ""
+    recipe: dict[str, Any],
+    node: Node,
+    digest: str,
+    venv_dir: str = "",
+    guards: Guards | None = None,
 ) -> dict[str, Any]:
     """Everything one node runs for a normalised recipe.
 
     Returns ``{"role", "units": [{"name", "content"}], "server_argv", "ray_argv",
     "environment", "start_order"}``; ``start_order`` lists the systemd service
-    names in the order they must start on this node.
+    names in the order they must start on this node. With ``guards`` on unified memory
+    the units end with ``localinference.slice`` (never in ``start_order``).
     """
     env = environment(recipe, node, digest)
     quadlet = recipe["deploy_mode"] == "quadlet"
@@ -213,6 +267,7 @@ def render_units(
     )
 
     if ray is not None:
+        ray_guards = _guard_lines(guards, admission=server is None, engine=True)
         what = f"Ray {node.role} for {served} on {node.host}"
         ray_env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
         if quadlet:
@@ -225,7 +280,7 @@ def render_units(
                 ray_env,
                 [*volumes, f"{RAY_SESSION_DIR}:/tmp/ray"],
             )
-            pre = [f"ExecStartPre=/usr/bin/mkdir -p {RAY_SESSION_DIR}"]
+            pre = [f"ExecStartPre=/usr/bin/mkdir -p {RAY_SESSION_DIR}", *ray_guards]
             units.append(
                 {
                     "name": f"{RAY_UNIT}.container",
@@ -246,12 +301,15 @@ def render_units(
             units.append(
                 {
                     "name": f"{RAY_UNIT}.service",
-                    "content": _text(f"{RAY_UNIT}.service", lines + _service_tail(recipe)[2:]),
+                    "content": _text(
+                        f"{RAY_UNIT}.service", lines + _service_tail(recipe, ray_guards)[2:]
+                    ),
                 }
             )
         order.append(f"{RAY_UNIT}.service")
 
     if server is not None:
+        server_guards = _guard_lines(guards, admission=True, engine=ray is None)
         rank = f" rank {node.rank}/{node.nnodes}" if node.nnodes > 1 else ""
         what = f"vLLM {served}{rank} on {node.host}"
         after = [f"Requires={RAY_UNIT}.service", f"After={RAY_UNIT}.service"] if ray else []
@@ -268,7 +326,9 @@ def render_units(
             units.append(
                 {
                     "name": f"{SERVER_UNIT}.container",
-                    "content": _text(f"{SERVER_UNIT}.container", lines + _service_tail(recipe)),
+                    "content": _text(
+                        f"{SERVER_UNIT}.container", lines + _service_tail(recipe, server_guards)
+                    ),
                 }
             )
         else:
@@ -287,10 +347,17 @@ def render_units(
             units.append(
                 {
                     "name": f"{SERVER_UNIT}.service",
-                    "content": _text(f"{SERVER_UNIT}.service", lines + _service_tail(recipe)[2:]),
+                    "content": _text(
+                        f"{SERVER_UNIT}.service", lines + _service_tail(recipe, server_guards)[2:]
+                    ),
                 }
             )
         order.append(f"{SERVER_UNIT}.service")
+
+    if guards is not None and guards.memory_max_bytes is not None:
+        units.append(
+            {"name": SLICE, "content": _text(SLICE, _slice_lines(digest, node.host, guards))}
+        )
 
     return {
         "role": node.role,

@@ -122,6 +122,23 @@ options:
       - Path to the output of C(vllm serve --help=all) of the targeted release; when set,
         every rendered flag must exist in it.
     type: path
+  guards:
+    description:
+      - The memory guards of the serving units (F4, F13; C(docs/failure-catalog.md)), as the serve
+        role passes them from its C(serve_*) variables; omitted, the units carry none.
+      - The node's need is derived from the recipe, the weight files in C(node.weights_path) and
+        C(MemTotal) (C(plugins/module_utils/_serve_memory.py)); it is returned as RV(memory) and
+        recorded in the state document.
+      - Keys C(admission) (bool), C(reserve_gib), C(overhead_gib) (per engine worker),
+        C(unified_memory) (bool), C(oom_score_adjust) (-999 to 1000),
+        C(memory_high_margin_gib), C(memory_max_margin_gib) and C(libexec_dir) (where the
+        C(admission) and C(shm-offload) programs are installed).
+    type: dict
+  slice_dir:
+    description:
+      - Where the C(localinference.slice) unit is written (unified memory). Defaults to O(unit_dir)
+        for C(deploy_mode=systemd) and C(/etc/systemd/system) for C(deploy_mode=quadlet).
+    type: path
 author:
   - localinference.vllm developers (@localinference)
 """
@@ -233,6 +250,14 @@ live_findings:
   returned: always
   type: list
   elements: dict
+memory:
+  description:
+    - This node's memory need as the admission checks it (C(need_bytes), C(weights_bytes),
+      C(kv_bytes), C(engine_bytes), C(offload_bytes), C(overhead_bytes), C(workers),
+      C(unified_memory), C(basis)) and C(weights_found) (how the weights were counted); null
+      without O(guards).
+  returned: always
+  type: dict
 """
 
 import json
@@ -255,6 +280,14 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint i
     gpus_in_devices,
     lint_parallel,
     model_geometry,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
+    guards as memory_guards,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
+    mem_total_bytes,
+    parse_policy,
+    weights_on_disk,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._state import (
     OWN_UNIT_NAMES,
@@ -379,6 +412,15 @@ class _Files:
         return True, None
 
 
+def _mem_total(module):
+    """MemTotal of this node (the unified-memory need of a profiled recipe)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii", errors="replace") as handle:
+            return mem_total_bytes(handle.read())
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg=f"guards: cannot read MemTotal from /proc/meminfo ({exc})")
+
+
 def _absolute(option, value):
     value = validate.text(option, value, max_length=validate.MAX_PATH)
     if not value.startswith("/"):
@@ -417,6 +459,8 @@ def main():
             "unit_dir": {"type": "path"},
             "venv_dir": {"type": "path"},
             "help_text": {"type": "path"},
+            "guards": {"type": "dict"},
+            "slice_dir": {"type": "path"},
         },
         supports_check_mode=True,
     )
@@ -443,10 +487,28 @@ def main():
         layout = layout_problems(recipe, node)
     except RecipeInputError as exc:
         module.fail_json(msg=f"vllm_recipe: {exc}")
-    # Unit records in a node's document are trusted only inside these directories.
-    unit_dirs = sorted({unit_dir, *UNIT_DIRS.values()})
+    guards, memory = None, None
     try:
-        wanted = desired(recipe, node, unit_dir, venv_dir)
+        slice_dir = validate.path(
+            "slice_dir",
+            params["slice_dir"]
+            or (unit_dir if recipe["deploy_mode"] == "systemd" else UNIT_DIRS["systemd"]),
+        )
+        if params["guards"] is not None:
+            policy = parse_policy(params["guards"])
+            weights, weights_found = weights_on_disk(node.weights_path)
+            guards = memory_guards(
+                recipe, node.host, node.nnodes, policy, weights, _mem_total(module)
+            )
+            memory = {**guards.need, "weights_found": weights_found}
+    except validate.ValidationError as exc:
+        module.fail_json(msg=str(exc))
+    if memory and memory["unified_memory"] and not weights and not memory["engine_bytes"]:
+        module.warn(f"the admission need of {node.host} counts no weights: {weights_found}")
+    # Unit records in a node's document are trusted only inside these directories.
+    unit_dirs = sorted({unit_dir, slice_dir, *UNIT_DIRS.values()})
+    try:
+        wanted = desired(recipe, node, unit_dir, venv_dir, guards, slice_dir)
     except validate.ValidationError as exc:
         module.fail_json(msg=str(exc))
     document = wanted["document"]
@@ -477,6 +539,7 @@ def main():
         "live_matches": not live_diff,
         "differences": live_diff,
         "live_findings": findings,
+        "memory": memory,
     }
     files = _Files(module, result)
 

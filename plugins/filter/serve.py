@@ -1,0 +1,31 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters of the serve role; the logic lives in module_utils.
+
+- ``start_refusals``: the lines of a unit's log in which a guard refused the start (the memory
+  admission, F4; the offload reclaim, F13), journal prefix cut, the last three, repeats once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
+    start_refusals as _start_refusals,
+)
+
+
+def start_refusals(lines: Any, limit: int = 3) -> list[str]:
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+        raise AnsibleFilterError(
+            f"start_refusals takes the log as text or a list of lines, got {type(lines).__name__}"
+        )
+    return _start_refusals(lines, int(limit))
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"start_refusals": start_refusals}
