@@ -16,7 +16,7 @@ MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
 .PHONY: help bootstrap system-packages images lab lab-up lab-down lab-clean test test-unit lint sanity \
-        test-molecule test-lab test-lab-faults test-lab-extended build
+        test-molecule test-lab test-lab-faults test-lab-extended build bench
 
 help:
 	@echo "make lab        build the two-node lab and run site.yml against it (leaves it up)"
@@ -24,6 +24,7 @@ help:
 	@echo "make lab-up     create the lab hosts only;  make lab-down  remove the lab"
 	@echo "make test-lab   the lab tests (tests/lab: state, then faults) against a lab made by 'make lab'"
 	@echo "make test-lab-extended  the long fault scenarios CI's hour leaves out, against 'make lab'"
+	@echo "make bench      every benchmark against 'make lab': prints the ratios, writes .lab/bench.json"
 
 $(BIN)/ansible-playbook: requirements.txt
 	bash lab/bin/system-packages
@@ -130,6 +131,13 @@ test-lab-faults: bootstrap
 # against a lab made by `make lab`.
 test-lab-extended: bootstrap
 	$(LAB_PYTEST) -m extended tests/lab/faults
+
+# Every benchmark (benchmarks/bench.py; BENCH_ARGS="--only verify,noop" picks
+# parts): prints the ratios and writes $(LAB)/bench.json. The lab parts need
+# `make lab` and put back what they change; LOCALINFERENCE_LAB_LOCK=FILE makes
+# them wait for and hold the shared lab's lock.
+bench: bootstrap
+	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
 build: bootstrap
 	$(BIN)/ansible-galaxy collection build --force --output-path $(LAB)

@@ -4,22 +4,27 @@
 
 Prints, from one run: wall time of the no-op run, of `gather_facts` on the same
 hosts, their ratio, the number of changed tasks (must be 0) and of restarts of
-the vLLM units (InvocationID before and after; must be 0). Needs a lab that
-`make lab` has brought up and served.
+the vLLM units (InvocationID before and after; must be 0), and where the no-op's
+seconds go: the slowest tasks (ansible.posix.profile_tasks), task and skip
+counts, seconds per stage and each host's own task time (both runs profiled
+alike). Needs a lab that `make lab` has brought up and served.
 
-    .venv/bin/python benchmarks/rollout_noop.py [--playbook playbooks/site.yml]
+    .venv/bin/python benchmarks/rollout_noop.py [--playbook playbooks/site.yml] [--top 15]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.harness import LAB_DIR, LabError, lab_up, run_playbook, unit_invocations
+from benchmarks._profile import breakdown, format_breakdown, profiled
+from lab.harness import HOSTS, LAB_DIR, LabError, lab_up, run_playbook, unit_invocations
 
 FACTS_PLAY = """---
 - name: Plain fact gathering on the lab hosts
@@ -27,45 +32,86 @@ FACTS_PLAY = """---
   gather_facts: true
   tasks: []
 """
+THREE_HOSTS = (
+    "not measured: the lab has two hosts (spark-head, spark-worker) and no third one yet;"
+    " per-host task time above is what each added node brings to a run whose hosts work in parallel"
+)
 
 
-def measure(playbook: str) -> int:
+def measure(playbook: str = "playbooks/site.yml", top: int = 15) -> dict[str, Any]:
+    """One no-op run and one fact-gathering run, profiled alike; raises LabError when the lab fails."""
     before = unit_invocations()
-    noop = run_playbook(playbook)
+    with profiled() as profiler:
+        noop = run_playbook(playbook, env=profiler.env)
+        noop_breakdown = breakdown(noop.stdout, profiler.timings(), noop.seconds, top)
     after = unit_invocations()
-    with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=LAB_DIR, delete=True) as play:
+    with (
+        profiled() as profiler,
+        tempfile.NamedTemporaryFile("w", suffix=".yml", dir=LAB_DIR, delete=True) as play,
+    ):
         play.write(FACTS_PLAY)
         play.flush()
-        facts = run_playbook(play.name)
-
+        facts = run_playbook(play.name, env=profiler.env)
+        facts_breakdown = breakdown(facts.stdout, profiler.timings(), facts.seconds, top)
     counters = noop.recap
-    changed = noop.changed()
-    failed = sum(host.get("failed", 0) + host.get("unreachable", 0) for host in counters.values())
-    restarts = sum(1 for host in before if before[host] != after[host])
-    print(
-        f"no-op {playbook}: {noop.seconds:.1f} s, rc={noop.rc}, changed={changed}, failed={failed}"
-    )
-    print(f"gather_facts play: {facts.seconds:.1f} s, rc={facts.rc}")
-    print(f"ratio no-op / gather_facts: {noop.seconds / facts.seconds:.2f}")
-    print(f"vLLM unit restarts: {restarts} (InvocationID before {before}, after {after})")
-    if noop.rc or changed or restarts:
-        print(noop.tail(), file=sys.stderr)
-        return 1
-    return 0
+    return {
+        "playbook": playbook,
+        "noop_seconds": round(noop.seconds, 2),
+        "gather_facts_seconds": round(facts.seconds, 2),
+        "noop_ratio": round(noop.seconds / facts.seconds, 2),
+        "noop_rc": noop.rc,
+        "gather_facts_rc": facts.rc,
+        "changed": noop.changed(),
+        "failed": sum(h.get("failed", 0) + h.get("unreachable", 0) for h in counters.values()),
+        "restarts": sum(1 for host in before if before[host] != after[host]),
+        "invocations": {"before": before, "after": after},
+        "recap": counters,
+        "hosts": len(HOSTS),
+        "three_hosts": THREE_HOSTS,
+        "noop_breakdown": noop_breakdown,
+        "gather_facts_breakdown": facts_breakdown,
+        "_tail": noop.tail() if noop.rc or noop.changed() else "",
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    lines = [
+        f"no-op {result['playbook']}: {result['noop_seconds']:.1f} s, rc={result['noop_rc']},"
+        f" changed={result['changed']}, failed={result['failed']}",
+        f"gather_facts play: {result['gather_facts_seconds']:.1f} s, rc={result['gather_facts_rc']}",
+        f"ratio no-op / gather_facts: {result['noop_ratio']:.2f} (goal <= 5, stretch 2)",
+        f"vLLM unit restarts: {result['restarts']} (InvocationID before"
+        f" {result['invocations']['before']}, after {result['invocations']['after']})",
+        format_breakdown("no-op", result["noop_breakdown"]),
+        f"hosts: {result['hosts']} lab hosts measured; three hosts: {result['three_hosts']}",
+    ]
+    return "\n".join(lines)
+
+
+def ok(result: dict[str, Any]) -> bool:
+    return not (result["noop_rc"] or result["changed"] or result["restarts"])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--playbook", default="playbooks/site.yml")
+    parser.add_argument("--top", type=int, default=15, help="how many of the slowest tasks to show")
+    parser.add_argument("--json", type=Path, help="also write the result as JSON here")
     args = parser.parse_args()
     if not lab_up():
         print("needs the lab hosts spark-head and spark-worker running (make lab)", file=sys.stderr)
         return 2
     try:
-        return measure(args.playbook)
+        result = measure(args.playbook, args.top)
     except LabError as err:
         print(err, file=sys.stderr)
         return 1
+    print(report(result))
+    if result["_tail"]:
+        print(result["_tail"], file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if ok(result) else 1
 
 
 if __name__ == "__main__":

@@ -358,17 +358,21 @@ def rollout(
     *,
     tags: str = "fabric,rollout",
     extra_vars: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
     timeout: float = PLAYBOOK_TIMEOUT,
 ) -> PlaybookRun:
     """site.yml limited to ``tags``; ``recipe`` replaces the inventory's ``vllm_recipe``.
 
     The default tags include the fabric stage, which publishes the cluster
-    network environment the rollout starts vLLM with.
+    network environment the rollout starts vLLM with. ``env`` as for
+    :func:`run_playbook` (the benchmarks add their profiling callbacks).
     """
     variables = dict(extra_vars or {})
     if recipe is not None:
         variables["vllm_recipe"] = dict(recipe)
-    return run_playbook("site.yml", tags=tags, extra_vars=variables or None, timeout=timeout)
+    return run_playbook(
+        "site.yml", tags=tags, extra_vars=variables or None, env=env, timeout=timeout
+    )
 
 
 def playbook_with_action(
