@@ -3,7 +3,8 @@
 """The closed loop under change: the evidence moves, the plan and the served context follow.
 
 1. ``--tags rollout`` alone on a converged lab changes nothing (it reads the
-   saved fabric result and re-plans from the saved evidence).
+   saved fabric result and re-plans from the saved evidence) and reports the
+   qualification verdict of what serves.
 2. Less KV in the recipe: the rollout re-plans before staging and restarts
    with the new, smaller context, which equals the saved plan's choice; the
    inventory recipe brings the old context back.
@@ -47,6 +48,8 @@ def test_rollout_alone_changes_nothing_on_a_converged_lab(recipe):
     assert run.rc == 0, run.tail()
     assert run.changed() == 0, run.tail()
     assert unit_invocations() == before
+    # The report ends with the qualification of what serves (site.yml qualified it).
+    assert "Qualification of the served recipe" in run.flat or "is not qualified yet" in run.flat, run.tail()
 
 
 def test_less_kv_replans_and_restarts_with_the_smaller_context(recipe):
@@ -57,6 +60,8 @@ def test_less_kv_replans_and_restarts_with_the_smaller_context(recipe):
         assert run.rc == 0, run.tail()
         plan = saved_plan()
         assert plan["max_model_len"] == served_max_model_len() == served // 2
+        # A recipe nobody qualified is reported as such, never with another recipe's verdict.
+        assert "is not qualified yet (the saved verdict" in run.flat, run.tail()
     finally:
         back = rollout(tags="rollout")
     assert back.rc == 0, back.tail()
