@@ -44,8 +44,14 @@ from ansible_collections.localinference.vllm.plugins.module_utils._doctor_eviden
     clip,
     first_line,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._doctor_live import (
+    check_f17,
+    check_f19,
+    check_orphans,
+    check_units,
+)
 
-# Table order: catalog ids first (F1..F20), then the stage and doctor ids.
+# Table order: catalog ids first (F1..F26), then the stage and doctor ids.
 COLUMNS = ["host", "id", "severity", "message", "evidence", "fix"]
 # The Caddy error an ingress answers when the vLLM behind a route is down (F11).
 UPSTREAM_DOWN = (502, 503, 504)
@@ -352,8 +358,9 @@ def check_f12(d: Doctor) -> None:
 
 
 def check_f13(d: Doctor) -> None:
-    """F13: the last boot failed mapping its KV offload file (orphans fill /dev/shm)."""
+    """F13: orphaned offload files in /dev/shm now, or a last boot that failed mapping one."""
     d.saved_findings("F13")
+    check_orphans(d)
     for host, node, log in d.logs():
         hits = [e for e in log.get("errors") or [] if any(n in e for n in OFFLOAD_MMAP_FAILURE)]
         if hits:
@@ -371,9 +378,10 @@ def check_f13(d: Doctor) -> None:
 
 
 def check_f14(d: Doctor) -> None:
-    """F14: --ipc=host with ShmSize=: in the recipe, or Podman's refusal in the boot log."""
+    """F14: --ipc=host with ShmSize=: in the recipe, the unit files, or Podman's refusal."""
     d.saved_findings("F14")
     d.live_lint("F14")
+    check_units(d, "F14")
     for host, node in d.nodes.items():
         line = first_line(node.journal_text, IPC_SHM_REFUSAL)
         if line:
@@ -445,9 +453,11 @@ CHECKS: dict[str, Callable[[Doctor], None]] = {
     "F14": check_f14,
     "F15": check_f15,
     "F16": _saved_only("F16"),
-    "F17": _saved_and_lint("F17"),
-    "F19": _saved_only("F19"),
+    "F17": check_f17,
+    "F19": check_f19,
     "F20": _saved_only("F20"),
+    # Host-stack defects: preflight's judgement (_host_stack.py) of what it read on the node.
+    **{fid: _saved_only(fid) for fid in ("F21", "F22", "F23", "F24", "F25", "F26")},
 }
 
 

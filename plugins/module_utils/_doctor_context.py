@@ -44,7 +44,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._stage_result 
 )
 
 CATALOG = "docs/failure-catalog.md"
-CATALOG_IDS = tuple(f"F{n}" for n in range(1, 21))
+CATALOG_IDS = tuple(f"F{n}" for n in range(1, 27))
 # The catalog's table of stage and doctor ids (mtu, evidence, unreachable, ...).
 OTHER_IDS = "stage-check-ids"
 
@@ -113,7 +113,8 @@ class Doctor:
                 fid,
                 severity,
                 clip(message, 600),
-                fix=f"{fix} ({link})",
+                # A stage's saved fix may already end with the catalog link.
+                fix=fix if link in fix else f"{fix} ({link})",
                 host=host,
                 evidence=clip(evidence),
                 doc=link,
@@ -174,12 +175,14 @@ class Doctor:
                 for item in items:
                     if item["id"] != fid:
                         continue
+                    own = item.get("evidence")
                     self.add(
                         fid,
                         item["severity"],
                         str(item.get("host") or host),
                         item["message"],
-                        f"{host}:{node.paths.get(stage)} findings",
+                        f"{host}:{node.paths.get(stage)} findings"
+                        + (f": {own}" if isinstance(own, str) and own else ""),
                         item.get("fix")
                         or f"fix it and run the {stage} stage again (--tags {stage})",
                     )

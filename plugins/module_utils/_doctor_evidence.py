@@ -126,6 +126,10 @@ class NodeEvidence:
     log: dict[str, Any] | None = None
     state: dict[str, Any] | None = None
     state_error: str | None = None
+    # Live reads beside the saved results (None: not gathered on this run).
+    links: dict[str, dict[str, Any]] | None = None
+    shm: dict[str, Any] | None = None
+    quadlet: dict[str, Any] | None = None
 
 
 def _kind(value: Any) -> str:
@@ -375,6 +379,108 @@ def _state(host: str, raw: Any, node: NodeEvidence, problems: list[dict[str, str
     node.state = raw
 
 
+def _links(host: str, raw: Any, node: NodeEvidence, problems: list[dict[str, str]]) -> None:
+    """doctor_facts' ``links``: per interface its MTU (an int, or None) and operstate."""
+    if raw is None:
+        return
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+        problems.append(
+            problem(
+                host,
+                "/sys/class/net",
+                f"gathered {_kind(raw)}, not links",
+                "run the doctor with the collection's doctor_facts module",
+                "warning",
+            )
+        )
+        return
+    node.links = {}
+    for name, entry in raw.items():
+        mtu = entry.get("mtu")
+        node.links[str(name)] = {
+            "mtu": int(mtu) if isinstance(mtu, str) and mtu.isdigit() else None,
+            "operstate": entry.get("operstate")
+            if isinstance(entry.get("operstate"), str)
+            else None,
+            "error": clip(entry["error"]) if entry.get("error") else None,
+        }
+
+
+def _entries(value: Any) -> list[dict[str, Any]] | None:
+    """A list of dicts, or None when it is anything else."""
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        return value
+    return None
+
+
+def _shm(host: str, raw: Any, node: NodeEvidence, problems: list[dict[str, str]]) -> None:
+    """The kept keys of ``shm_offload state=status`` (offload files in /dev/shm, F13)."""
+    if raw is None:
+        return
+    lists = {k: _entries(raw.get(k, [])) if isinstance(raw, dict) else None for k in
+             ("live", "orphans", "unproven", "skipped")}  # fmt: skip
+    refusals = raw.get("refusals", []) if isinstance(raw, dict) else None
+    if any(v is None for v in lists.values()) or not isinstance(refusals, list):
+        problems.append(
+            problem(
+                host,
+                "shm_offload",
+                f"returned {clip(raw, 120)}, not a survey of /dev/shm",
+                "run the doctor playbook of the collection",
+                "warning",
+            )
+        )
+        return
+    if raw.get("failed") and not any(lists.values()) and not refusals:
+        problems.append(
+            problem(
+                host,
+                "shm_offload",
+                f"could not survey /dev/shm: {clip(raw.get('msg') or 'no reason given', 300)}",
+                "read it by hand: ls -l /dev/shm; ansible -m localinference.vllm.shm_offload",
+                "warning",
+            )
+        )
+        return
+    node.shm = {**lists, "refusals": [clip(r) for r in refusals], "proven": bool(raw.get("proven"))}
+
+
+def _quadlet(host: str, raw: Any, node: NodeEvidence, problems: list[dict[str, str]]) -> None:
+    """The kept keys of ``quadlet_verify`` on the live unit directory (F14, F17)."""
+    if raw is None:
+        return
+    findings = _entries(raw.get("findings", [])) if isinstance(raw, dict) else None
+    services = raw.get("services") or {} if isinstance(raw, dict) else None
+    if findings is None or not isinstance(services, dict):
+        problems.append(
+            problem(
+                host,
+                "quadlet_verify",
+                f"returned {clip(raw, 120)}, not the generator's verdict",
+                "run the doctor playbook of the collection",
+                "warning",
+            )
+        )
+        return
+    if raw.get("failed") and not findings:
+        problems.append(
+            problem(
+                host,
+                "quadlet -dryrun",
+                f"the live units could not be checked: {clip(raw.get('msg') or 'no reason', 300)}",
+                "run --tags verify on this node: it checks the units with the generator too",
+                "warning",
+            )
+        )
+        return
+    argv = {
+        str(name): [str(a) for a in (entry.get("exec_start") or [])]
+        for name, entry in services.items()
+        if isinstance(entry, dict) and isinstance(entry.get("exec_start"), list)
+    }
+    node.quadlet = {"findings": findings, "exec_start": argv}
+
+
 def check_node(host: str, raw: Any) -> tuple[NodeEvidence, list[dict[str, str]]]:
     """One node's raw evidence (see the doctor playbook) as checked values plus problems."""
     problems: list[dict[str, str]] = []
@@ -434,7 +540,10 @@ def check_node(host: str, raw: Any) -> tuple[NodeEvidence, list[dict[str, str]]]
             _observations(host, path, text, problems)
     node.units = _units(host, gathered.get("units"), problems)
     _journal(host, gathered.get("journal"), node, problems)
+    _links(host, gathered.get("links"), node, problems)
     _state(host, raw.get("state"), node, problems)
+    _shm(host, raw.get("shm"), node, problems)
+    _quadlet(host, raw.get("quadlet"), node, problems)
     return node, problems
 
 

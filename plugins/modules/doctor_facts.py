@@ -13,6 +13,8 @@ description:
     O(journal_unit)'s journal since that unit's last start (its C(ExecMainStartTimestamp)).
   - Returns everything as raw text under C(ansible_facts.doctor_evidence); nothing is parsed or
     trusted here. The doctor's judge (C(localinference.vllm.doctor_findings)) schema-checks it.
+  - With O(links), the MTU and operational state of every network interface (C(/sys/class/net)), so
+    the judge can compare the cluster link with what the fabric stage set (F19).
   - A file that is missing is reported as not found; one that cannot be read (a directory, a
     FIFO, larger than O(max_bytes), not UTF-8) carries an C(error). A command that fails or does
     not finish within O(timeout) seconds carries an C(error) too. The module itself fails only on
@@ -38,6 +40,11 @@ options:
   journal_unit:
     description: The unit whose last boot log to read; omitted means no log.
     type: str
+  links:
+    description:
+      - Read C(mtu) and C(operstate) of every interface in C(/sys/class/net) (at most 512).
+    type: bool
+    default: false
   journal_lines:
     description: Read at most this many of the newest lines of that boot.
     type: int
@@ -90,8 +97,15 @@ ansible_facts:
             - Null without O(journal_unit).
           returned: always
           type: dict
+        links:
+          description:
+            - Per interface name C(mtu) and C(operstate) as read (text, or null) and C(error) (or
+              null). Null without O(links).
+          returned: always
+          type: dict
 """
 
+import os
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
@@ -114,6 +128,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils._validate impo
 )
 
 MAX_JOURNAL_LINES = 100_000
+SYS_CLASS_NET = "/sys/class/net"
+MAX_LINKS = 512
+LINK_FILES = ("mtu", "operstate")
 
 
 def _checked_path(name: str, value: Any) -> str:
@@ -131,6 +148,27 @@ def _file(path: str, max_bytes: int) -> dict[str, Any]:
     except StateFileError as exc:
         return {"path": path, "found": True, "text": None, "error": str(exc)}
     return {"path": path, "found": text is not None, "text": text, "error": None}
+
+
+def _links() -> dict[str, dict[str, Any]]:
+    """``mtu`` and ``operstate`` of each interface, as text (a vanished one carries an error)."""
+    try:
+        names = sorted(os.listdir(SYS_CLASS_NET))[:MAX_LINKS]
+    except OSError as exc:
+        return {"": {"mtu": None, "operstate": None, "error": f"{SYS_CLASS_NET}: {exc.strerror}"}}
+    links: dict[str, dict[str, Any]] = {}
+    for name in names:
+        entry: dict[str, Any] = {"error": None}
+        for key in LINK_FILES:
+            path = os.path.join(SYS_CLASS_NET, name, key)
+            try:
+                with open(path, encoding="ascii", errors="replace") as handle:
+                    entry[key] = handle.read(64).strip()
+            except OSError as exc:
+                entry[key] = None
+                entry["error"] = entry["error"] or f"{path}: {exc.strerror}"
+        links[name] = entry
+    return links
 
 
 def _show(module: AnsibleModule, runner: Runner, unit: str) -> dict[str, Any]:
@@ -183,6 +221,7 @@ def main() -> None:
             "files": {"type": "dict", "default": {}},
             "units": {"type": "list", "elements": "str", "default": []},
             "journal_unit": {"type": "str"},
+            "links": {"type": "bool", "default": False},
             "journal_lines": {"type": "int", "default": 400},
             "timeout": {"type": "float", "default": 10.0},
             "max_bytes": {"type": "int", "default": 4 * 1024 * 1024},
@@ -213,6 +252,7 @@ def main() -> None:
         "files": {name: _file(path, params["max_bytes"]) for name, path in files.items()},
         "units": {unit: _show(module, runner, unit) for unit in units},
         "journal": None,
+        "links": _links() if params["links"] else None,
     }
     if journal_unit:
         shown = evidence["units"].get(journal_unit) or _show(module, runner, journal_unit)

@@ -79,6 +79,13 @@ def _edit_json(record: dict[str, Any], patch: dict[str, Any]) -> None:
     record["found"] = True
 
 
+def _recorded(source: Any) -> Any:
+    """A recorded fixture (``{snapshot: NAME, host: H, key: K}``) or the case's own value."""
+    if isinstance(source, dict) and "snapshot" in source:
+        return copy.deepcopy(snapshot(source["snapshot"])[source["host"]][source["key"]])
+    return source
+
+
 def _text(source: Any) -> str:
     """A fixture file (``vllm-logs/...``) or the lines of a case."""
     if isinstance(source, list):
@@ -122,8 +129,13 @@ def build(case: dict[str, Any]) -> Any:
             gathered["journal"].update(text=text[: text.rindex("\n", 0, cut) + 1], truncated=False)
         if host in case.get("journal_raw", {}):
             gathered["journal"] = case["journal_raw"][host]
+        if host in case.get("links", {}):
+            gathered["links"] = _recorded(case["links"][host])
         state = case.get("state", {}).get(host, MATCHING_STATE)
         nodes[host] = {"gathered": gathered, "state": state, "unreachable": False}
+        for key in ("shm", "quadlet"):
+            if host in case.get(key, {}):
+                nodes[host][key] = _recorded(case[key][host])
         if host in case.get("node_raw", {}):
             nodes[host] = case["node_raw"][host]
         if host in case.get("unreachable", []):
@@ -190,10 +202,11 @@ ANCHORS = {
 
 def test_every_id_the_doctor_checks_has_a_case_and_an_anchor():
     covered = {want["id"] for case in CASES for want in case.get("expect", [])}
+    covered |= {row[0] for row in HOST_STACK}
     missing = [fid for fid in CHECKS if fid not in covered]
     assert not missing, f"no case finds {missing}"
     assert set(CHECKS) == set(CATALOG_IDS) - {"F18"}, "F18 has no evidence the doctor can read"
-    assert {f"f{n}" for n in range(1, 21)} <= ANCHORS
+    assert {f"f{n}" for n in range(1, 27)} <= ANCHORS
 
 
 def test_the_healthy_lab_prints_healthy_and_only_warnings():
@@ -224,6 +237,9 @@ def test_one_table_with_evidence_and_fix_columns():
         {"nodes": {"a": {"gathered": {"files": {"plan": {"text": 5}}}, "state": "x"}}},
         {"nodes": {"a": {"gathered": {"units": {"u.service": {"stdout": None}}}}}},
         {"ingress_probes": "x", "client": {"config": {"text": "{"}}, "recipe": 5},
+        {"nodes": {"a": {"gathered": {"links": [1]}, "shm": "x", "quadlet": {"findings": 3}}}},
+        {"nodes": {"a": {"gathered": {"links": {"e": {"mtu": 5}}}, "shm": {"orphans": [1]}}}},
+        {"nodes": {"a": {"gathered": {}, "shm": {"orphans": [{"size": "x"}]}, "quadlet": []}}},
     ],
 )
 def test_garbage_is_a_finding_never_a_traceback(garbage):
@@ -241,3 +257,123 @@ def test_parse_show_reads_the_recorded_systemctl_output():
     worker = parse_show(stopped["spark-worker"]["units"]["localinference-vllm.service"]["stdout"])
     assert worker["ActiveState"] == "failed" and worker["ExecMainStatus"] == "137"
     assert parse_show("garbage\n=x\nA B=c\n") == {}
+
+
+# --- F21-F26: preflight's own judges on recorded evidence, read back by the doctor -----------
+# Each row: the id, where preflight saves it (the node's own `rank` findings, or the cluster's on
+# the head), the test_host_stack case whose recorded evidence makes it, and a word of the
+# evidence the doctor must quote from the saved finding.
+HOST_STACK = [
+    ("F21", "rank", "kernel", "7.0.0-1019-nvidia with KHO on", "CmaFree: 940604 kB"),
+    ("F22", "rank", "nccl", "DGX Spark - the pip wheel 2.28.9 shadows", "nvidia/nccl/lib"),
+    ("F23", "cluster", "versions", "recorded GB10 and H200 nvidia-smi", "580.159.04"),
+    ("F24", "rank", "clock", "the lab host - systemd says the clock", "NTPSynchronized=no"),
+    ("F25", "cluster", "disk", "the head's manifest sizes a worker", "/srv/models"),
+    ("F26", "rank", "memlock", "the lab recipe's ulimits replace the default", "LimitMEMLOCK"),
+]
+
+
+def _host_stack_findings(section: str, name: str, host: str) -> list[dict[str, Any]]:
+    """What preflight's judge says on the recorded evidence of one test_host_stack case."""
+    from ansible_collections.localinference.vllm.plugins.module_utils import _host_stack
+    from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts import (
+        parse_table,
+    )
+    from ansible_collections.localinference.vllm.plugins.module_utils._nccl_probe import (
+        judge_nccl,
+    )
+
+    from .test_host_stack import CASES as STACK_CASES
+    from .test_host_stack import probe_text, text
+
+    if section == "versions":
+        gb10 = parse_table((FIXTURES / "nvidia-smi/gb10-table.txt").read_text())
+        h200 = parse_table((FIXTURES / "nvidia-smi/h200-table.txt").read_text())
+        stacks = {
+            "spark-head": {k: gb10[k] for k in ("driver_version", "cuda_version")},
+            host: {k: h200[k] for k in ("driver_version", "cuda_version")},
+        }
+        return _host_stack.judge_versions(stacks)
+    case = next(c for c in STACK_CASES[section] if c["name"].startswith(name))
+    if section == "kernel":
+        return _host_stack.judge_kernel(
+            case["release"], case["machine"], case["cmdline"], text(case["meminfo"]),
+            case["rdma"], host,
+        )  # fmt: skip
+    if section == "nccl":
+        return judge_nccl(probe_text(case["probe"]), case["unified_memory"], host)
+    if section == "clock":
+        return _host_stack.judge_clock(
+            text(case.get("timedatectl")), text(case.get("chronyc")), 1.0, host
+        )
+    if section == "disk":
+        reserve = int(case["reserve_gib"] * _host_stack.GIB)
+        return _host_stack.judge_disk(case["disk"], case["total"], reserve, host)
+    return _host_stack.judge_memlock(
+        case["rdma"], case["recipe"], text(case["manager"]), text(case.get("unit")), host
+    )
+
+
+@pytest.mark.parametrize(
+    "fid, where, section, name, word", HOST_STACK, ids=[r[0] for r in HOST_STACK]
+)
+def test_host_stack_defects_preflight_saved_are_named_with_their_catalog_entry(
+    fid, where, section, name, word
+):
+    found = _host_stack_findings(section, name, "spark-worker")
+    assert [f["id"] for f in found] == [fid], found
+    saved = (
+        {"spark-worker": {"preflight": {"result": {"rank": {"findings": found}}}}}
+        if where == "rank"
+        else {"spark-head": {"preflight": {"result": {"findings": found}}}}
+    )
+    result = judge(build({"name": fid, "saved": saved}))
+    named = [f for f in result["findings"] if f["id"] == fid]
+    assert named, result["findings"]
+    assert named[0]["host"] == "spark-worker" and named[0]["severity"] == found[0]["severity"]
+    assert named[0]["message"] == found[0]["message"]
+    assert named[0]["doc"] == f"docs/failure-catalog.md#{fid.lower()}"
+    assert "preflight.json findings" in named[0]["evidence"] and word in named[0]["evidence"]
+    assert result["healthy"] is (found[0]["severity"] != "error")
+
+
+def test_f2_the_plans_own_verdict_on_seed_000s_boots_is_named():
+    """F2 cannot happen on the lab (its KV bytes are pinned: every boot holds the same cache):
+    kv_budget on seed 000's recorded boots (26,890 to 47,930 tokens) saves it, the doctor reads it."""
+    from ansible_collections.localinference.vllm.plugins.modules import kv_budget
+
+    from tests.unit.module_helper import run_module
+    from tests.unit.plugins.modules.test_kv_budget import SEED000
+
+    plan = run_module(
+        kv_budget,
+        {"observations": SEED000, "granularity": 8192, "recipe": {"max_model_len": 32768}},
+    ).result
+    assert [v["id"] for v in plan["violations"]] == ["F2"]
+    saved = {"spark-head": {"plan": {"result": {"violations": plan["violations"]}}}}
+    (f2,) = [f for f in judge(build({"name": "F2", "saved": saved}))["findings"] if f["id"] == "F2"]
+    assert f2["host"] == "spark-head" and "plan.json violations" in f2["evidence"]
+    assert "recipe.max_model_len=32768" in f2["message"] and "24576" in f2["message"]
+    assert f2["doc"] == "docs/failure-catalog.md#f2"
+
+
+def test_f20_the_fabric_judge_on_the_recorded_gid_table_is_named():
+    """F20 needs RDMA (the lab's RoCE ports are stand-ins): the fabric stage's judge on the recorded
+    DGX Spark GID tree without an IPv4 GID (test_fabric.yaml), saved in fabric.json, read back."""
+    from .test_fabric import CASES as FABRIC_CASES
+    from .test_fabric import F as FABRIC
+    from .test_fabric import facts, ping_results, settings
+
+    case = next(c for c in FABRIC_CASES["findings"] if c["name"].startswith("F20 address assigned"))
+    node = facts(case)
+    found = FABRIC["fabric_findings"](
+        settings(case), case["host"], node["ethtool"], node["rdma"], ping_results([]), None
+    )
+    assert {f["id"] for f in found} == {"F20"}
+    saved = {"spark-head": {"fabric": {"result": {"findings": found}}}}
+    result = judge(build({"name": "F20", "saved": saved}))
+    named = [f for f in result["findings"] if f["id"] == "F20"]
+    assert len(named) == 2 and all(f["severity"] == "error" for f in named), named
+    assert "no RoCE v2 GID on rocep1s0f0 carries 10.77.0.11" in named[0]["message"]
+    assert named[0]["host"] == "spark-head" and "fabric.json findings" in named[0]["evidence"]
+    assert not result["healthy"]

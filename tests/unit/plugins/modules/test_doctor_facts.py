@@ -133,3 +133,26 @@ def test_bad_options_are_refused_by_name(args, words, commands):
     out = run_module(doctor_facts, args)
     assert out.failed and words in out.result["msg"], out.result["msg"]
     assert commands == []
+
+
+def test_links_read_every_interface_mtu_as_text_and_name_what_vanished(tmp_path, monkeypatch):
+    # The lab worker's cluster veth after `ip link set dev enp1s0f0np0 mtu 1500` (F19), lo, and
+    # an interface removed between the listing and the read (no mtu file any more).
+    for name, mtu, state in (("enp1s0f0np0", "1500\n", "up\n"), ("lo", "65536\n", "unknown\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "mtu").write_text(mtu)
+        (tmp_path / name / "operstate").write_text(state)
+    (tmp_path / "veth9").mkdir()
+    monkeypatch.setattr(doctor_facts, "SYS_CLASS_NET", str(tmp_path))
+    out = run_module(doctor_facts, {"links": True}, check_mode=True)
+    links = out.result["ansible_facts"]["doctor_evidence"]["links"]
+    assert links["enp1s0f0np0"] == {"mtu": "1500", "operstate": "up", "error": None}
+    assert links["lo"]["mtu"] == "65536"
+    assert links["veth9"]["mtu"] is None and "veth9/mtu" in links["veth9"]["error"]
+    assert run_module(doctor_facts, {}).result["ansible_facts"]["doctor_evidence"]["links"] is None
+
+
+def test_links_on_this_machines_real_sysfs():
+    out = run_module(doctor_facts, {"links": True}, check_mode=True)
+    links = out.result["ansible_facts"]["doctor_evidence"]["links"]
+    assert links["lo"]["mtu"].isdigit() and links["lo"]["error"] is None
