@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lab.harness import LAB_DIR
+
 CALLBACK_DIR = Path(__file__).resolve().parent / "callback_plugins"
+KEEP_DIR = LAB_DIR / "bench-timings"
 # The stage tags site.yml gives its imported playbooks (STYLE.md), in order.
 STAGES = ("preflight", "fabric", "weights", "plan", "rollout", "ingress", "client", "qualify")
 PROFILE_LINE = re.compile(r"^(?P<task>.+?) -*\s?(?P<seconds>\d+\.\d+)s$")
@@ -32,6 +39,13 @@ class Profiler:
     """Environment for one profiled ``ansible-playbook`` run and where its timings land."""
 
     timing_file: Path
+    label: str | None = None
+
+    def keep_log(self, stdout: str) -> None:
+        """With a label, the run's output (profile_tasks' TASKS RECAP included) beside its timings."""
+        if self.label:
+            KEEP_DIR.mkdir(parents=True, exist_ok=True)
+            (KEEP_DIR / f"{self.label}.log").write_text(stdout)
 
     @property
     def env(self) -> dict[str, str]:
@@ -52,9 +66,14 @@ class Profiler:
 
 
 @contextmanager
-def profiled() -> Iterator[Profiler]:
+def profiled(label: str | None = None) -> Iterator[Profiler]:
+    """A profiler; with ``label`` the raw timings and output are kept in ``.lab/bench-timings/``."""
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as tmp:
-        yield Profiler(Path(tmp) / "timings.json")
+        profiler = Profiler(Path(tmp) / "timings.json", label)
+        yield profiler
+        if label and profiler.timing_file.exists():
+            KEEP_DIR.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(profiler.timing_file, KEEP_DIR / f"{label}.json")
 
 
 def profile_tasks_rows(stdout: str) -> list[dict[str, Any]]:
@@ -142,8 +161,16 @@ def breakdown(
         if any(h.get("status") == "changed" for h in t["hosts"].values())
     ]
     by_name: dict[str, float] = {}
+    roles: dict[str, dict[str, Any]] = {}
     for task, span in zip(tasks, spans, strict=True):
         by_name[task["name"]] = by_name.get(task["name"], 0.0) + span
+        role = roles.setdefault(
+            task["role"] or "(play)", {"seconds": 0.0, "tasks": 0, "skipped_tasks": 0}
+        )
+        role["seconds"] += span
+        role["tasks"] += 1
+        statuses = [h.get("status") for h in task["hosts"].values()]
+        role["skipped_tasks"] += bool(statuses) and all(s == "skipped" for s in statuses)
     result.update(
         {
             "task_count": len(tasks),
@@ -156,6 +183,10 @@ def breakdown(
             "stages": {
                 name: {**stage, "seconds": round(stage["seconds"], 2)}
                 for name, stage in stages.items()
+            },
+            "roles": {
+                name: {**role, "seconds": round(role["seconds"], 2)}
+                for name, role in sorted(roles.items(), key=lambda item: -item[1]["seconds"])
             },
             "per_host": {
                 name: {**entry, "task_seconds": round(entry["task_seconds"], 2)}

@@ -103,10 +103,11 @@ def timed_rollout(
 
 
 def profiled_rollout(
-    recipe: dict[str, Any] | None, serves: int, top: int
+    label: str, recipe: dict[str, Any] | None, serves: int, top: int
 ) -> tuple[float, PlaybookRun, dict[str, Any]]:
-    with profiled() as profiler:
+    with profiled(label) as profiler:
         seconds, proc = timed_rollout(recipe, serves, profiler.env)
+        profiler.keep_log(proc.stdout)
         return seconds, proc, breakdown(proc.stdout, profiler.timings(), proc.seconds, top)
 
 
@@ -227,14 +228,20 @@ def measure(top: int = 15, bare: bool = True) -> dict[str, Any]:
     result: dict[str, Any] = {"load_at_start": round(os.getloadavg()[0], 2)}
     variant = {**base, "max_model_len": served - 1024}
     try:
-        forward, run_a, result["rollout_breakdown"] = profiled_rollout(variant, served - 1024, top)
+        forward, run_a, result["rollout_breakdown"] = profiled_rollout(
+            "rollout-changed", variant, served - 1024, top
+        )
     finally:  # the inventory's recipe comes back even when the changed one failed
-        back, run_b, result["rollout_back_breakdown"] = profiled_rollout(base, served, top)
+        back, run_b, result["rollout_back_breakdown"] = profiled_rollout(
+            "rollout-back", base, served, top
+        )
     try:
         hand = by_hand_boot()
     finally:
         # The normal rollout brings the stopped units back, whatever happened above.
-        restore, run_r = timed_rollout(base, served)
+        restore, run_r, result["restore_rollout_breakdown"] = profiled_rollout(
+            "rollout-restore", base, served, top
+        )
     if served_max_model_len() != served or not streams_a_token(timeout=30):
         raise LabError("after the by-hand boot the rollout did not bring the inventory's recipe back")
     result.update(

@@ -41,12 +41,13 @@ THREE_HOSTS = (
 def measure(playbook: str = "playbooks/site.yml", top: int = 15) -> dict[str, Any]:
     """One no-op run and one fact-gathering run, profiled alike; raises LabError when the lab fails."""
     before = unit_invocations()
-    with profiled() as profiler:
+    with profiled("noop") as profiler:
         noop = run_playbook(playbook, env=profiler.env)
+        profiler.keep_log(noop.stdout)
         noop_breakdown = breakdown(noop.stdout, profiler.timings(), noop.seconds, top)
     after = unit_invocations()
     with (
-        profiled() as profiler,
+        profiled("gather-facts") as profiler,
         tempfile.NamedTemporaryFile("w", suffix=".yml", dir=LAB_DIR, delete=True) as play,
     ):
         play.write(FACTS_PLAY)
