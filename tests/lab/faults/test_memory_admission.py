@@ -112,6 +112,10 @@ def no_hog_left():
     yield
     exec_on(WORKER, "systemctl", "stop", HOG_UNIT, check=False)
     exec_on(WORKER, "systemctl", "reset-failed", HOG_UNIT, check=False)
+    # The refused recipe's plan was saved (the evidence of the refusal); the next test
+    # starts from the inventory's plan, as the lab was.
+    back = rollout(tags="rollout")
+    assert back.rc == 0, back.tail()
 
 
 def test_a_hog_after_preflight_is_refused_at_start_by_name_and_the_old_recipe_keeps_serving(
