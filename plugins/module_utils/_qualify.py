@@ -192,7 +192,10 @@ def stream_problems(stream, message: dict[str, Any] | None) -> list[str]:
     if problems:
         return problems
     if not stream.done:
-        problems.append("the stream ended without data: [DONE]")
+        problems.append(
+            f"the server closed the stream after {len(stream.events)} event(s) without its closing"
+            " 'data: [DONE]' (the request was aborted or the engine went away)"
+        )
     if stream.unparsed:
         problems.append(f"{stream.unparsed} stream event(s) were not JSON")
     return problems + J.leaks(message or {})
