@@ -50,8 +50,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils._doctor_live i
     check_orphans,
     check_units,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint import (
+    gpus_in_devices,
+    lint_parallel,
+)
 
-# Table order: catalog ids first (F1..F26), then the stage and doctor ids.
+# Table order: catalog ids first (F1..F27), then the stage and doctor ids.
 COLUMNS = ["host", "id", "severity", "message", "evidence", "fix"]
 # The Caddy error an ingress answers when the vLLM behind a route is down (F11).
 UPSTREAM_DOWN = (502, 503, 504)
@@ -436,6 +440,35 @@ def check_f1(d: Doctor) -> None:
             )
 
 
+def check_f27(d: Doctor) -> None:
+    """F27: the plan's layout lint, and the recipe the nodes run against the nodes there are."""
+    d.saved_findings("F27")
+    nodes = len(d.nodes)
+    for hosts, recipe in d.live_recipes() if nodes else []:
+        try:
+            items = lint_parallel(recipe, nodes, gpus_in_devices(recipe.get("devices")))
+        except ValueError as exc:
+            d.add(
+                "evidence",
+                "error",
+                ", ".join(hosts),
+                f"serving.json's recipe cannot be linted: {exc}",
+                "serving.json recipe",
+                "run the rollout (--tags rollout)",
+            )
+            continue
+        for item in items:
+            d.add(
+                "F27",
+                item["severity"],
+                ", ".join(hosts),
+                item["message"],
+                f"serving.json recipe (what the nodes run) on the {nodes} node(s) of vllm_cluster",
+                "fix vllm_recipe (or the hosts of vllm_cluster) and roll out again"
+                " (--tags plan,rollout)",
+            )
+
+
 CHECKS: dict[str, Callable[[Doctor], None]] = {
     "F1": check_f1,
     "F2": _saved_only("F2"),
@@ -458,6 +491,7 @@ CHECKS: dict[str, Callable[[Doctor], None]] = {
     "F20": _saved_only("F20"),
     # Host-stack defects: preflight's judgement (_host_stack.py) of what it read on the node.
     **{fid: _saved_only(fid) for fid in ("F21", "F22", "F23", "F24", "F25", "F26")},
+    "F27": check_f27,
 }
 
 

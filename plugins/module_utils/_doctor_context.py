@@ -44,7 +44,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._stage_result 
 )
 
 CATALOG = "docs/failure-catalog.md"
-CATALOG_IDS = tuple(f"F{n}" for n in range(1, 27))
+CATALOG_IDS = tuple(f"F{n}" for n in range(1, 28))
 # The catalog's table of stage and doctor ids (mtu, evidence, unreachable, ...).
 OTHER_IDS = "stage-check-ids"
 

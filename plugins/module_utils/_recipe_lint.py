@@ -396,7 +396,8 @@ def lint_parallel(
     layout += f" x data_parallel_size {dp}" if dp > 1 else ""
     found = []
     if ranks % nodes:
-        per_node = gpus_per_node or max(1, -(-ranks // nodes))
+        # Unknown GPUs: no more ranks per node than the recipe already asks of some node.
+        per_node = gpus_per_node or max(1, ranks // nodes)
         hint = _layout_hint(nodes * per_node, per_node, heads, layers)
         found.append(
             _v(
