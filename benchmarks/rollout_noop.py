@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -32,10 +33,59 @@ FACTS_PLAY = """---
   gather_facts: true
   tasks: []
 """
+PING_TASKS = 10
+PING_PLAY = f"""---
+- name: One module round trip per task on the lab hosts
+  hosts: vllm_cluster
+  gather_facts: false
+  tasks:
+{"".join(f"    - name: Round trip {i}{chr(10)}      ansible.builtin.ping:{chr(10)}" for i in range(PING_TASKS))}"""
+# Modules that run on the controller alone: no round trip to a node.
+CONTROLLER_ACTIONS = frozenset(
+    "ansible.builtin." + name
+    for name in (
+        "set_fact", "assert", "debug", "validate_argument_spec", "include_tasks", "include_role",
+        "import_tasks", "meta", "fail", "add_host", "group_by", "include_vars",
+    )
+)
 THREE_HOSTS = (
     "not measured: the lab has two hosts (spark-head, spark-worker) and no third one yet;"
     " per-host task time above is what each added node brings to a run whose hosts work in parallel"
 )
+
+
+def round_trips(
+    noop: dict[str, Any] | None, pings: dict[str, Any] | None, ping_seconds: float, ping_rc: int
+) -> dict[str, Any]:
+    """Module runs of the no-op that reach a node, and what one round trip costs on this lab."""
+    if not noop or not pings or ping_rc:
+        return {"note": "no timings (a run ended before its recap, or the round-trip play failed)"}
+    per_host: dict[str, dict[str, Any]] = {}
+    for task in noop["tasks"]:
+        if task["action"] in CONTROLLER_ACTIONS:
+            continue
+        for host, res in task["hosts"].items():
+            if res.get("status") in (None, "skipped"):
+                continue
+            entry = per_host.setdefault(host, {"module_runs": 0, "seconds": 0.0})
+            entry["module_runs"] += 1
+            entry["seconds"] += res.get("end", res["start"]) - res["start"]
+    each = [
+        res["end"] - res["start"]
+        for task in pings["tasks"]
+        if task["action"] == "ansible.builtin.ping"
+        for res in task["hosts"].values()
+        if "end" in res
+    ]
+    return {
+        "per_host": {
+            host: {**entry, "seconds": round(entry["seconds"], 1)}
+            for host, entry in sorted(per_host.items())
+        },
+        "ping_seconds_median": round(statistics.median(each), 3) if each else None,
+        "ping_play_seconds": round(ping_seconds, 2),
+        "ping_tasks": PING_TASKS,
+    }
 
 
 def measure(playbook: str = "playbooks/site.yml", top: int = 15) -> dict[str, Any]:
@@ -44,7 +94,8 @@ def measure(playbook: str = "playbooks/site.yml", top: int = 15) -> dict[str, An
     with profiled("noop") as profiler:
         noop = run_playbook(playbook, env=profiler.env)
         profiler.keep_log(noop.stdout)
-        noop_breakdown = breakdown(noop.stdout, profiler.timings(), noop.seconds, top)
+        noop_timings = profiler.timings()
+        noop_breakdown = breakdown(noop.stdout, noop_timings, noop.seconds, top)
     after = unit_invocations()
     with (
         profiled("gather-facts") as profiler,
@@ -54,6 +105,14 @@ def measure(playbook: str = "playbooks/site.yml", top: int = 15) -> dict[str, An
         play.flush()
         facts = run_playbook(play.name, env=profiler.env)
         facts_breakdown = breakdown(facts.stdout, profiler.timings(), facts.seconds, top)
+    with (
+        profiled("round-trips") as profiler,
+        tempfile.NamedTemporaryFile("w", suffix=".yml", dir=LAB_DIR, delete=True) as play,
+    ):
+        play.write(PING_PLAY)
+        play.flush()
+        pings = run_playbook(play.name, env=profiler.env)
+        ping_timings = profiler.timings()
     counters = noop.recap
     return {
         "playbook": playbook,
@@ -70,6 +129,7 @@ def measure(playbook: str = "playbooks/site.yml", top: int = 15) -> dict[str, An
         "hosts": len(HOSTS),
         "three_hosts": THREE_HOSTS,
         "noop_breakdown": noop_breakdown,
+        "round_trips": round_trips(noop_timings, ping_timings, pings.seconds, pings.rc),
         "gather_facts_breakdown": facts_breakdown,
         "_tail": noop.tail() if noop.rc or noop.changed() else "",
     }
@@ -84,9 +144,25 @@ def report(result: dict[str, Any]) -> str:
         f"vLLM unit restarts: {result['restarts']} (InvocationID before"
         f" {result['invocations']['before']}, after {result['invocations']['after']})",
         format_breakdown("no-op", result["noop_breakdown"]),
+        format_round_trips(result["round_trips"]),
         f"hosts: {result['hosts']} lab hosts measured; three hosts: {result['three_hosts']}",
     ]
     return "\n".join(lines)
+
+
+def format_round_trips(data: dict[str, Any]) -> str:
+    if "per_host" not in data:
+        return f"round trips: {data.get('note')}"
+    runs = ", ".join(
+        f"{host} {entry['module_runs']} ({entry['seconds']:.0f} s)"
+        for host, entry in data["per_host"].items()
+    )
+    return (
+        f"module runs that reach a node (localhost's are mostly delegated to the head): {runs};"
+        f" one ansible.builtin.ping round trip on this lab's connection: "
+        f"{data['ping_seconds_median']:.2f} s median ({data['ping_tasks']} pings per host in"
+        f" {data['ping_play_seconds']:.1f} s); a fact-gathering play is one module run per host"
+    )
 
 
 def ok(result: dict[str, Any]) -> bool:
