@@ -16,7 +16,7 @@ MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
 .PHONY: help bootstrap system-packages images lab lab-up lab-down lab-clean test test-unit lint sanity \
-        test-molecule test-lab test-lab-faults test-lab-extended build bench
+        test-molecule test-lab test-lab-faults test-lab-extended test-scale build bench
 
 help:
 	@echo "make lab        build the two-node lab and run site.yml against it (leaves it up)"
@@ -24,6 +24,7 @@ help:
 	@echo "make lab-up     create the lab hosts only;  make lab-down  remove the lab"
 	@echo "make test-lab   the lab tests (tests/lab: state, then faults) against a lab made by 'make lab'"
 	@echo "make test-lab-extended  the long fault scenarios CI's hour leaves out, against 'make lab'"
+	@echo "make test-scale the three-host lab (molecule/scale): create, converge, idempotence, test, destroy"
 	@echo "make bench      every benchmark against 'make lab': prints the ratios, writes .lab/bench.json"
 
 $(BIN)/ansible-playbook: requirements.txt
@@ -138,6 +139,21 @@ test-lab-extended: bootstrap
 # them wait for and hold the shared lab's lock.
 bench: bootstrap
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
+
+# The three-host lab (molecule/scale, inventories/lab-scale): pipeline parallel 3
+# across three hosts, beside the default lab (its own names, networks and port).
+# create -> converge -> idempotence -> tests/lab/scale -> destroy, which runs
+# whatever happens. Not part of `make test` (README: its measured time).
+test-scale: export LOCALINFERENCE_LAB_REQUIRED := 1
+test-scale: images
+	bash lab/bin/tiny-model-layers > /dev/null
+	$(MOLECULE) destroy -s scale
+	trap '$(MOLECULE) destroy -s scale; rm -f $(LAB)/scale-endpoint' EXIT; \
+	  $(MOLECULE) syntax -s scale; \
+	  $(MOLECULE) create -s scale; \
+	  $(MOLECULE) converge -s scale; \
+	  $(MOLECULE) idempotence -s scale; \
+	  $(MOLECULE) verify -s scale
 
 build: bootstrap
 	$(BIN)/ansible-galaxy collection build --force --output-path $(LAB)
