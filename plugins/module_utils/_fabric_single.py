@@ -7,8 +7,14 @@ every rank inside the host: tensor parallel talks over PCIe, NVLink or shared
 memory, never over a cluster network. The fabric stage then configures and
 verifies nothing, and says so once: its saved result (stage ``fabric``) reads
 ``link: "single host: no cluster link"`` with the same keys as a linked
-node's result (``env`` empty, no primary address), so the rollout, the weights
-stage and the doctor read it like any other.
+node's result, so the rollout, the weights stage and the doctor read it like
+any other.
+
+Its ``env`` binds the ranks to loopback (``LOOPBACK_ENV``). Without it vLLM's
+ranks bind where the host name resolves: measured in the one-host lab, the two
+CPU ranks' gloo sockets listened on the management address (dozens of ports the
+ingress stage refuses as ``engine-exposed``); NCCL's bootstrap picks the first
+non-loopback interface the same way.
 
 Pure functions, no AnsibleModule; the role calls them through the
 ``localinference.vllm.fabric_single_host`` filter (``plugins/filter/fabric.py``).
@@ -21,6 +27,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 SINGLE_HOST_LINK = "single host: no cluster link"
+LOOPBACK = "127.0.0.1"
+LOOPBACK_INTERFACE = "lo"
+# What every rank gets instead of a cluster link's environment (_fabric.environment).
+LOOPBACK_ENV = {
+    "VLLM_HOST_IP": LOOPBACK,
+    "NCCL_SOCKET_IFNAME": LOOPBACK_INTERFACE,
+    "GLOO_SOCKET_IFNAME": LOOPBACK_INTERFACE,
+}
 
 
 class SingleHostInputError(ValueError):
@@ -59,10 +73,11 @@ def single_host(host: str, nodes: Any, interfaces: Any = None) -> dict[str, Any]
     """``{inputs, result, message}`` of the fabric stage on the only node of the cluster.
 
     ``result`` has every key of a linked node's result (``_fabric.publish``):
-    nothing to pass to the ranks (``env`` empty, no primary address, no HCA),
-    no findings, ``verified`` false (nothing was checked), plus ``single_host``,
-    ``nodes`` and ``link``. Interfaces listed in ``cluster_network_interfaces``
-    are named and left untouched: they matter once a second node joins.
+    the ranks' environment binds them to loopback (``LOOPBACK_ENV``; the primary
+    address is ``127.0.0.1`` on ``lo``), no HCA, no findings, ``verified`` false
+    (nothing was checked), plus ``single_host``, ``nodes`` and ``link``.
+    Interfaces listed in ``cluster_network_interfaces`` are named and left
+    untouched: they matter once a second node joins.
     """
     cluster = _names(nodes, "the cluster's nodes")
     if not isinstance(host, str) or not host:
@@ -75,7 +90,7 @@ def single_host(host: str, nodes: Any, interfaces: Any = None) -> dict[str, Any]
     listed = _listed_interfaces(interfaces)
     message = (
         f"{SINGLE_HOST_LINK}: {host} is the only node of vllm_cluster, so its ranks talk inside"
-        " the host; the fabric stage configured and verified nothing"
+        " the host over loopback; the fabric stage configured and verified nothing"
     )
     if listed:
         message += (
@@ -86,9 +101,9 @@ def single_host(host: str, nodes: Any, interfaces: Any = None) -> dict[str, Any]
         "single_host": True,
         "link": SINGLE_HOST_LINK,
         "nodes": [host],
-        "env": {},
-        "primary_ip": "",
-        "primary_interface": "",
+        "env": dict(LOOPBACK_ENV),
+        "primary_ip": LOOPBACK,
+        "primary_interface": LOOPBACK_INTERFACE,
         "ib_hcas": [],
         "gid_index": None,
         "interfaces": [],

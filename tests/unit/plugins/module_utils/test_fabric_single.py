@@ -56,8 +56,14 @@ def test_single_host(case):
     assert result["message"].startswith(SINGLE_HOST_LINK)
     assert result["single_host"] is True
     assert result["nodes"] == [case["host"]]
-    # nothing to hand to the ranks, nothing checked, nothing wrong
-    assert result["env"] == {} and result["primary_ip"] == "" and result["interfaces"] == []
+    # the ranks bound to loopback, nothing checked, nothing wrong
+    assert result["env"] == {
+        "VLLM_HOST_IP": "127.0.0.1",
+        "NCCL_SOCKET_IFNAME": "lo",
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
+    assert (result["primary_ip"], result["primary_interface"]) == ("127.0.0.1", "lo")
+    assert result["interfaces"] == [] and result["ib_hcas"] == [] and result["gid_index"] is None
     assert result["findings"] == [] and result["verified"] is False
     assert verdict["inputs"] == {"single_host": True, "nodes": [case["host"]]}
     # stage_result stores it as canonical JSON: it must serialise

@@ -17,6 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible_collections.localinference.vllm.plugins.module_utils._fabric_single import (
+    single_host,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._quadlet import (
     exec_start,
     run_time_conflicts,
@@ -65,15 +68,17 @@ def _recipe(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _node(recipe: dict[str, Any], env: dict[str, str]) -> Any:
-    """The only node as serve's context.yml describes it (and serving_state validates it)."""
+    """The only node as serve's context.yml describes it (and serving_state validates it):
+    the single-host fabric result's address and environment, then serve_node_env."""
+    fabric = single_host("rtx-host", ["rtx-host"])["result"]
     return make_node(
         {
             "host": "rtx-host",
             "rank": 0,
             "nnodes": 1,
-            "head_address": "127.0.0.1",
-            "address": "",
-            "env": env,
+            "head_address": fabric["primary_ip"],
+            "address": fabric["primary_ip"],
+            "env": {**fabric["env"], **env},
             "weights_path": f"/srv/models/hub/models--{recipe['model'].replace('/', '--')}"
             f"/snapshots/{recipe['revision']}",
         }
