@@ -73,6 +73,7 @@ ROLE_VARIABLES = {
     "memory_high_margin_gib": "serve_memory_high_margin_gib",
     "memory_max_margin_gib": "serve_memory_max_margin_gib",
     "libexec_dir": "serve_libexec_dir",
+    "max_gpu_memory_utilization": "serve_max_gpu_memory_utilization",
 }
 
 
@@ -88,6 +89,8 @@ class Policy:
     memory_high_margin_bytes: int = 4 * GIB
     memory_max_margin_bytes: int = 8 * GIB
     libexec_dir: str = DEFAULT_LIBEXEC
+    # On unified memory the engine's share of the one pool the OS lives in too.
+    max_gpu_memory_utilization: float = 0.85
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,9 @@ def parse_policy(raw: Any) -> Policy:
         values["oom_score_adjust"] = validate.integer(
             _name("oom_score_adjust"), raw["oom_score_adjust"], minimum=-999, maximum=1000
         )
+    if raw.get("max_gpu_memory_utilization") is not None:
+        key = "max_gpu_memory_utilization"
+        values[key] = _fraction(key, raw[key])
     if raw.get("libexec_dir") is not None:
         values["libexec_dir"] = validate.path(_name("libexec_dir"), raw["libexec_dir"])
     policy = Policy(**{**base.__dict__, **values})
@@ -370,3 +376,48 @@ def start_refusals(lines: Iterable[str], limit: int = 3) -> list[str]:
                 found.append(text)
                 break
     return found[-limit:]
+
+
+def _fraction(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise validate.ValidationError(
+            _name(key),
+            f"expected a number, got {validate.shown(value)}",
+            "set a fraction such as 0.85",
+        )
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (0 < number <= 1):
+        raise validate.ValidationError(
+            _name(key),
+            f"{validate.shown(value)} is not a fraction in (0, 1]",
+            "set a fraction such as 0.85",
+        )
+    return number
+
+
+def utilization_problems(recipe: dict[str, Any], policy: Policy) -> list[dict[str, Any]]:
+    """F4 on unified memory: ``gpu_memory_utilization`` above the profile's cap.
+
+    On GB10 the fraction is of the one pool the OS, the page cache and every other tenant
+    share, and vLLM does not hold to it as a hard limit; above the cap a long prefill
+    can take the host down with the engine. Discrete GPUs are not capped here.
+    """
+    asked = recipe.get("gpu_memory_utilization")
+    cap = policy.max_gpu_memory_utilization
+    if not policy.unified_memory or asked is None or float(asked) <= cap:
+        return []
+    return [
+        {
+            "id": "F4",
+            "blocking": True,
+            "message": (
+                f"vllm_recipe.gpu_memory_utilization {float(asked):g} is above {cap:g}, the cap on"
+                " unified memory (serve_max_gpu_memory_utilization): the engine would share the"
+                " node's one memory pool with the OS with too little left; set it to at most"
+                f" {cap:g}, or raise the cap knowingly (docs/failure-catalog.md#f4)"
+            ),
+        }
+    ]

@@ -131,8 +131,9 @@ options:
         recorded in the state document.
       - Keys C(admission) (bool), C(reserve_gib), C(overhead_gib) (per engine worker),
         C(unified_memory) (bool), C(oom_score_adjust) (-999 to 1000),
-        C(memory_high_margin_gib), C(memory_max_margin_gib) and C(libexec_dir) (where the
-        C(admission) and C(shm-offload) programs are installed).
+        C(memory_high_margin_gib), C(memory_max_margin_gib), C(libexec_dir) (where the
+        C(admission) and C(shm-offload) programs are installed) and C(max_gpu_memory_utilization)
+        (on unified memory a recipe asking more is a blocking F4 problem).
     type: dict
   slice_dir:
     description:
@@ -287,6 +288,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory 
 from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
     mem_total_bytes,
     parse_policy,
+    utilization_problems,
     weights_on_disk,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._state import (
@@ -487,7 +489,7 @@ def main():
         layout = layout_problems(recipe, node)
     except RecipeInputError as exc:
         module.fail_json(msg=f"vllm_recipe: {exc}")
-    guards, memory = None, None
+    guards, memory, capped = None, None, []
     try:
         slice_dir = validate.path(
             "slice_dir",
@@ -496,6 +498,7 @@ def main():
         )
         if params["guards"] is not None:
             policy = parse_policy(params["guards"])
+            capped = utilization_problems(recipe, policy)
             weights, weights_found = weights_on_disk(node.weights_path)
             guards = memory_guards(
                 recipe, node.host, node.nnodes, policy, weights, _mem_total(module)
@@ -532,7 +535,7 @@ def main():
         "server_argv": document["server_argv"],
         "ray_argv": document["ray_argv"],
         "environment": document["environment"],
-        "problems": problems(recipe) + layout,
+        "problems": problems(recipe) + layout + capped,
         "live_hash": trusted["recipe_hash"],
         "live_start_order": trusted["start_order"],
         "live_recipe": trusted["recipe"],

@@ -151,6 +151,11 @@ POLICIES = [
     ({"libexec_dir": "relative/dir"}, "serve_libexec_dir"),
     ({"libexec_dir": "/usr/local/lib exec"}, "serve_libexec_dir"),
     ({"reserve": 2}, "unknown key"),
+    ({"max_gpu_memory_utilization": 0.9}, None),
+    ({"max_gpu_memory_utilization": 0}, "serve_max_gpu_memory_utilization"),
+    ({"max_gpu_memory_utilization": 1.5}, "serve_max_gpu_memory_utilization"),
+    ({"max_gpu_memory_utilization": "most"}, "serve_max_gpu_memory_utilization"),
+    ({"max_gpu_memory_utilization": True}, "serve_max_gpu_memory_utilization"),
 ]
 
 
@@ -271,3 +276,29 @@ JOURNAL = [
 @pytest.mark.parametrize(("name", "lines", "expected"), JOURNAL, ids=[j[0] for j in JOURNAL])
 def test_start_refusals(name, lines, expected):
     assert sm.start_refusals(lines) == expected
+
+
+# recipe's gpu_memory_utilization, unified memory, cap -> blocking F4 problem or none
+UTILIZATION = [
+    (0.80, True, None, False),  # the public two-Spark recipe under the default 0.85
+    (0.85, True, None, False),
+    (0.90, True, None, True),  # vLLM's default on GB10: refused
+    (0.975, False, None, False),  # discrete GPUs (seed 002's RTX PRO 6000) are not capped
+    (0.90, True, 0.95, False),  # raised knowingly
+    (None, True, None, False),  # not set: KV pinned or vLLM's default, admission guards it
+]
+
+
+@pytest.mark.parametrize(("asked", "unified", "cap", "refused"), UTILIZATION)
+def test_gpu_memory_utilization_is_capped_on_unified_memory(asked, unified, cap, refused):
+    raw = {"unified_memory": unified}
+    if cap is not None:
+        raw["max_gpu_memory_utilization"] = cap
+    recipe = {} if asked is None else {"gpu_memory_utilization": asked}
+    found = sm.utilization_problems(recipe, sm.parse_policy(raw))
+    assert bool(found) == refused
+    if refused:
+        assert found[0]["id"] == "F4" and found[0]["blocking"]
+        assert "vllm_recipe.gpu_memory_utilization 0.9" in found[0]["message"]
+        assert "serve_max_gpu_memory_utilization" in found[0]["message"]
+
