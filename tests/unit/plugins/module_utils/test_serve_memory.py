@@ -301,4 +301,3 @@ def test_gpu_memory_utilization_is_capped_on_unified_memory(asked, unified, cap,
         assert found[0]["id"] == "F4" and found[0]["blocking"]
         assert "vllm_recipe.gpu_memory_utilization 0.9" in found[0]["message"]
         assert "serve_max_gpu_memory_utilization" in found[0]["message"]
-
