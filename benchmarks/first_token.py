@@ -298,8 +298,9 @@ def report(result: dict[str, Any]) -> str:
     lines.append(format_breakdown("rollout A", result["rollout_breakdown"]))
     lines.append(format_breakdown("rollout B", result["rollout_back_breakdown"]))
     lines.append(
-        "nodes: measured on the two lab hosts; a three-host lab does not exist yet, so the"
-        " rollout overhead's growth with nodes is not measured (per-host task time above)"
+        "nodes: measured on the two lab hosts; the three-host scenario (make test-scale) lives"
+        " only during its own test, so the rollout overhead's growth with nodes is not measured"
+        " (per-host task time above)"
     )
     return "\n".join(lines)
 

@@ -49,8 +49,9 @@ CONTROLLER_ACTIONS = frozenset(
     )
 )
 THREE_HOSTS = (
-    "not measured: the lab has two hosts (spark-head, spark-worker) and no third one yet;"
-    " per-host task time above is what each added node brings to a run whose hosts work in parallel"
+    "not measured: the benchmarks run against the two-host lab (spark-head, spark-worker);"
+    " the three-host scenario (make test-scale) creates and destroys its own lab. Per-host task"
+    " time above is what each added node brings to a run whose hosts work in parallel"
 )
 
 
