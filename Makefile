@@ -16,7 +16,7 @@ MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
 .PHONY: help bootstrap system-packages images lab lab-up lab-down lab-clean test test-unit lint sanity \
-        test-molecule test-lab test-lab-faults test-lab-extended test-scale build bench
+        test-molecule test-lab test-lab-faults test-lab-extended test-scale test-onehost build bench
 
 help:
 	@echo "make lab        build the two-node lab and run site.yml against it (leaves it up)"
@@ -25,6 +25,7 @@ help:
 	@echo "make test-lab   the lab tests (tests/lab: state, then faults) against a lab made by 'make lab'"
 	@echo "make test-lab-extended  the long fault scenarios CI's hour leaves out, against 'make lab'"
 	@echo "make test-scale the three-host lab (molecule/scale): create, converge, idempotence, test, destroy"
+	@echo "make test-onehost the one-host lab (molecule/onehost): create, converge, idempotence, test, destroy"
 	@echo "make bench      every benchmark against 'make lab': prints the ratios, writes .lab/bench.json"
 
 $(BIN)/ansible-playbook: requirements.txt
@@ -154,6 +155,22 @@ test-scale: images
 	  $(MOLECULE) converge -s scale; \
 	  $(MOLECULE) idempotence -s scale; \
 	  $(MOLECULE) verify -s scale
+
+# The one-host lab (molecule/onehost, inventories/lab-onehost): one systemd host
+# standing in for one machine with two RTX PRO 6000 cards, tensor parallel 2
+# inside it on CPU (mp, Quadlet), no cluster network, beside the default lab
+# (its own host rtx-host, network, port 18082 and .lab/onehost/).
+# create -> converge -> idempotence -> tests/lab/onehost -> destroy, which runs
+# whatever happens. Not part of `make test` (README: its measured time).
+test-onehost: export LOCALINFERENCE_LAB_REQUIRED := 1
+test-onehost: images
+	$(MOLECULE) destroy -s onehost
+	trap '$(MOLECULE) destroy -s onehost; rm -f $(LAB)/onehost/endpoint' EXIT; \
+	  $(MOLECULE) syntax -s onehost; \
+	  $(MOLECULE) create -s onehost; \
+	  $(MOLECULE) converge -s onehost; \
+	  $(MOLECULE) idempotence -s onehost; \
+	  $(MOLECULE) verify -s onehost
 
 build: bootstrap
 	$(BIN)/ansible-galaxy collection build --force --output-path $(LAB)

@@ -166,7 +166,8 @@ def cluster_devices(environment: Mapping[str, Any]) -> tuple[list[str], list[str
     ``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME`` and the plain entries of
     ``UCX_NET_DEVICES`` name interfaces; ``NCCL_IB_HCA`` and UCX's
     ``device:port`` entries name RDMA devices. Exclusion lists (``^lo``) and
-    names that are not device names are ignored.
+    names that are not device names are ignored, and so is loopback (a single
+    host's ranks talk over ``lo``: no NIC, no firmware).
     """
     env = {k: v for k, v in environment.items() if isinstance(v, str)}
     interfaces: list[str] = []
@@ -180,7 +181,7 @@ def cluster_devices(environment: Mapping[str, Any]) -> tuple[list[str], list[str
         (hcas if ":" in item else interfaces).append(item.split(":", 1)[0])
     hcas += _device_list(env.get("NCCL_IB_HCA"))
     return (
-        sorted({i for i in interfaces if _DEVICE.fullmatch(i)}),
+        sorted({i for i in interfaces if _DEVICE.fullmatch(i) and i != "lo"}),
         sorted({h for h in hcas if _HCA.fullmatch(h)}),
     )
 

@@ -156,6 +156,8 @@ DEVICES = [
     ({"NCCL_IB_HCA": "=rocep1s0f0:1,roceP2p1s0f0:1"}, [], ["roceP2p1s0f0", "rocep1s0f0"]),
     ({"NCCL_IB_HCA": "^mlx5_2"}, [], []),
     ({"NCCL_SOCKET_IFNAME": "../../etc", "UCX_NET_DEVICES": "all"}, [], []),
+    # a single host's ranks on loopback (the fabric stage's single-host env): no NIC to read
+    ({"VLLM_HOST_IP": "127.0.0.1", "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}, [], []),
 ]
 
 
