@@ -444,29 +444,13 @@ def check_f27(d: Doctor) -> None:
     """F27: the plan's layout lint, and the recipe the nodes run against the nodes there are."""
     d.saved_findings("F27")
     nodes = len(d.nodes)
-    for hosts, recipe in d.live_recipes() if nodes else []:
-        try:
-            items = lint_parallel(recipe, nodes, gpus_in_devices(recipe.get("devices")))
-        except ValueError as exc:
-            d.add(
-                "evidence",
-                "error",
-                ", ".join(hosts),
-                f"serving.json's recipe cannot be linted: {exc}",
-                "serving.json recipe",
-                "run the rollout (--tags rollout)",
-            )
-            continue
-        for item in items:
-            d.add(
-                "F27",
-                item["severity"],
-                ", ".join(hosts),
-                item["message"],
-                f"serving.json recipe (what the nodes run) on the {nodes} node(s) of vllm_cluster",
-                "fix vllm_recipe (or the hosts of vllm_cluster) and roll out again"
-                " (--tags plan,rollout)",
-            )
+    if nodes:
+        d.live_lint(
+            "F27",
+            lambda recipe: lint_parallel(recipe, nodes, gpus_in_devices(recipe.get("devices"))),
+            f"serving.json recipe (what the nodes run) on the {nodes} node(s) of vllm_cluster",
+            "fix vllm_recipe (or the hosts of vllm_cluster) and roll out again (--tags plan,rollout)",
+        )
 
 
 CHECKS: dict[str, Callable[[Doctor], None]] = {

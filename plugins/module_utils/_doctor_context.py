@@ -14,6 +14,7 @@ No AnsibleModule here: unit-tested through tests/unit/plugins/module_utils/test_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils._doctor_evidence import (
@@ -198,14 +199,26 @@ class Doctor:
                 entry[0].append(host)
         return list(by_hash.values())
 
-    def live_lint(self, fid: str) -> None:
-        """Lint of the recipe the nodes actually run (serving.json), for one id."""
+    @staticmethod
+    def _recipe_lint(recipe: dict[str, Any]) -> list[dict[str, Any]]:
+        return lint_static(recipe) + [
+            {**p, "severity": "error" if p["blocking"] else "warning"}
+            for p in deployment_problems(recipe)
+        ]
+
+    def live_lint(
+        self,
+        fid: str,
+        lint: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
+        evidence: str = "serving.json recipe (what the node runs)",
+        fix: str = "fix vllm_recipe and roll out again (--tags plan,rollout)",
+    ) -> None:
+        """Lint of the recipe the nodes actually run (serving.json), for one id.
+
+        ``lint`` defaults to the recipe lint and the deployment checks."""
         for hosts, recipe in self.live_recipes():
             try:
-                items = lint_static(recipe) + [
-                    {**p, "severity": "error" if p["blocking"] else "warning"}
-                    for p in deployment_problems(recipe)
-                ]
+                items = (lint or self._recipe_lint)(recipe)
             except (ValueError, KeyError, TypeError) as exc:
                 self.add(
                     "evidence",
@@ -219,12 +232,7 @@ class Doctor:
             for item in items:
                 if item["id"] == fid:
                     self.add(
-                        fid,
-                        item["severity"],
-                        ", ".join(hosts),
-                        item["message"],
-                        "serving.json recipe (what the node runs)",
-                        "fix vllm_recipe and roll out again (--tags plan,rollout)",
+                        fid, item["severity"], ", ".join(hosts), item["message"], evidence, fix
                     )
 
     def logs(self) -> list[tuple[str, NodeEvidence, dict[str, Any]]]:
