@@ -36,6 +36,12 @@ def require(ready: bool, reason: str) -> None:
 
 
 @pytest.fixture(scope="session")
+def require_lab():
+    """:func:`require` for the other labs' own host checks (tests/lab/onehost, tests/lab/scale)."""
+    return require
+
+
+@pytest.fixture(scope="session")
 def lab_hosts() -> None:
     """Both lab hosts are running (``make lab-up`` or ``make lab``)."""
     require(lab_up(), "needs the lab hosts spark-head and spark-worker running (make lab)")

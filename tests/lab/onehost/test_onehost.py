@@ -11,7 +11,6 @@ flag. Nothing here touches the default lab (spark-head, spark-worker, .lab/endpo
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 
@@ -50,13 +49,9 @@ def _host_up() -> bool:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def onehost(monkeypatch_module: pytest.MonkeyPatch) -> None:
+def onehost(monkeypatch_module: pytest.MonkeyPatch, require_lab) -> None:
     """rtx-host is up; the harness talks to this lab's endpoint with this lab's key."""
-    if not _host_up():
-        reason = f"needs the one-host lab ({HOST}) running: make test-onehost"
-        if os.environ.get("LOCALINFERENCE_LAB_REQUIRED") == "1":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+    require_lab(_host_up(), f"needs the one-host lab ({HOST}) running: make test-onehost")
     assert ENDPOINT_FILE.is_file(), f"the serve role wrote no {ENDPOINT_FILE}"
     monkeypatch_module.setenv("LOCALINFERENCE_LAB_ENDPOINT", ENDPOINT_FILE.read_text().strip())
     monkeypatch_module.setenv("LOCALINFERENCE_LAB_API_KEY", API_KEY_FILE.read_text().split()[0])

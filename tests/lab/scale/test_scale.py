@@ -11,7 +11,6 @@ saved fabric result); each host runs its rank of one recipe (ranks 0, 1, 2 of
 from __future__ import annotations
 
 import itertools
-import os
 
 import pytest
 
@@ -25,18 +24,14 @@ CLUSTER_IF = "enp1s0f0np0"
 
 
 @pytest.fixture(scope="session")
-def scale_hosts() -> tuple[str, ...]:
+def scale_hosts(require_lab) -> tuple[str, ...]:
     """The three hosts are running (`make test-scale` creates them); else skip, or fail
     when the run requires the lab (LOCALINFERENCE_LAB_REQUIRED=1, as make sets it)."""
     try:
         names = podman("ps", "--format", "{{.Names}}", timeout=30).stdout.split()
     except LabError:
         names = []
-    if not set(HOSTS) <= set(names):
-        reason = "needs the three-host lab running (make test-scale)"
-        if os.environ.get("LOCALINFERENCE_LAB_REQUIRED") == "1":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+    require_lab(set(HOSTS) <= set(names), "needs the three-host lab running (make test-scale)")
     return HOSTS
 
 
