@@ -25,7 +25,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._profile import breakdown, format_breakdown, profiled
-from lab.harness import HOSTS, LAB_DIR, LabError, lab_up, run_playbook, unit_invocations
+from lab.harness import (
+    HOSTS,
+    LAB_DIR,
+    LabError,
+    PlaybookRun,
+    lab_up,
+    run_playbook,
+    unit_invocations,
+)
 
 FACTS_PLAY = """---
 - name: Plain fact gathering on the lab hosts
@@ -89,6 +97,17 @@ def round_trips(
     }
 
 
+def profiled_play(label: str, text: str) -> tuple[PlaybookRun, dict[str, Any] | None]:
+    """Run a play given as text against the lab, profiled: (the run, its task timings)."""
+    with (
+        profiled(label) as profiler,
+        tempfile.NamedTemporaryFile("w", suffix=".yml", dir=LAB_DIR, delete=True) as play,
+    ):
+        play.write(text)
+        play.flush()
+        return run_playbook(play.name, env=profiler.env), profiler.timings()
+
+
 def measure(playbook: str = "playbooks/site.yml", top: int = 15) -> dict[str, Any]:
     """One no-op run and one fact-gathering run, profiled alike; raises LabError when the lab fails."""
     before = unit_invocations()
@@ -98,22 +117,9 @@ def measure(playbook: str = "playbooks/site.yml", top: int = 15) -> dict[str, An
         noop_timings = profiler.timings()
         noop_breakdown = breakdown(noop.stdout, noop_timings, noop.seconds, top)
     after = unit_invocations()
-    with (
-        profiled("gather-facts") as profiler,
-        tempfile.NamedTemporaryFile("w", suffix=".yml", dir=LAB_DIR, delete=True) as play,
-    ):
-        play.write(FACTS_PLAY)
-        play.flush()
-        facts = run_playbook(play.name, env=profiler.env)
-        facts_breakdown = breakdown(facts.stdout, profiler.timings(), facts.seconds, top)
-    with (
-        profiled("round-trips") as profiler,
-        tempfile.NamedTemporaryFile("w", suffix=".yml", dir=LAB_DIR, delete=True) as play,
-    ):
-        play.write(PING_PLAY)
-        play.flush()
-        pings = run_playbook(play.name, env=profiler.env)
-        ping_timings = profiler.timings()
+    facts, facts_timings = profiled_play("gather-facts", FACTS_PLAY)
+    facts_breakdown = breakdown(facts.stdout, facts_timings, facts.seconds, top)
+    pings, ping_timings = profiled_play("round-trips", PING_PLAY)
     counters = noop.recap
     return {
         "playbook": playbook,
