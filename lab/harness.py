@@ -292,8 +292,17 @@ class PlaybookRun:
         return sum(counts.get("changed", 0) for counts in self.recap.values())
 
     def tail(self, chars: int = 3000) -> str:
-        """The end of the output, for an assertion message."""
-        text = self.stdout[-chars:]
+        """The end of the output, for an assertion message, after the failed tasks' results.
+
+        A failed task's result is often far from the end (the rollback runs
+        after it), so each ``fatal:`` block comes first with its task's name.
+        """
+        failed = [
+            self.stdout[max(0, m.start() - 300) : m.start() + 1500]
+            for m in re.finditer(r"(?m)^fatal: \[", self.stdout)
+        ][:3]
+        text = "".join(f"--- failed task ---\n{block}\n" for block in failed)
+        text += "--- end of output ---\n" + self.stdout[-chars:]
         if self.stderr.strip():
             text += "\n--- stderr ---\n" + self.stderr[-chars:]
         return text
