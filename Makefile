@@ -75,6 +75,7 @@ test: bootstrap
 	  echo "lab assets: $$(tail -1 $(LAB)/lab-assets.log)"; \
 	  exit $$status
 	$(MAKE) --no-print-directory test-molecule
+	$(MAKE) --no-print-directory test-onehost
 
 # The real Quadlet generator (Podman >= 4.4) for the unit tests, taken from
 # the lab host image: this machine's Podman 4.3 has none.
@@ -161,7 +162,7 @@ test-scale: images
 # inside it on CPU (mp, Quadlet), no cluster network, beside the default lab
 # (its own host rtx-host, network, port 18082 and .lab/onehost/).
 # create -> converge -> idempotence -> tests/lab/onehost -> destroy, which runs
-# whatever happens. Not part of `make test` (README: its measured time).
+# whatever happens. `make test` runs it after test-molecule.
 test-onehost: export LOCALINFERENCE_LAB_REQUIRED := 1
 test-onehost: images
 	$(MOLECULE) destroy -s onehost
