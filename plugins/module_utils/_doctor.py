@@ -54,6 +54,11 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint i
     gpus_in_devices,
     lint_parallel,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
+    ADMISSION_MARKER,
+    OFFLOAD_MARKER,
+    start_refusals,
+)
 
 # Table order: catalog ids first (F1..F27), then the stage and doctor ids.
 COLUMNS = ["host", "id", "severity", "message", "evidence", "fix"]
@@ -92,9 +97,28 @@ def _saved_only(fid: str) -> Callable[[Doctor], None]:
     return check
 
 
+def _guard_refusal(node: NodeEvidence, marker: str) -> str | None:
+    """The newest refusal line of one start guard (admission, offload reclaim) in the boot log."""
+    lines = [r for r in start_refusals(node.journal_text.splitlines()) if r.startswith(marker)]
+    return lines[-1] if lines else None
+
+
 def check_f4(d: Doctor) -> None:
-    """F4: preflight's weaker rank, or a rank that ran out of memory in the last boot."""
+    """F4: preflight's weaker rank, the admission refusing a start, or a rank out of memory."""
     d.saved_findings("F4")
+    for host, node in d.nodes.items():
+        line = _guard_refusal(node, ADMISSION_MARKER)
+        if line:
+            d.add(
+                "F4",
+                "error",
+                host,
+                f"the memory admission refused to start {node.journal_unit}: the node has less "
+                "memory available than the recipe's rank needs (systemd retries it)",
+                f"{node.journal_unit}: {clip(line)}",
+                "free memory on that node (the line names its largest processes) or plan for "
+                "less (max_model_len, gpu_memory_utilization), then --tags plan,rollout",
+            )
     for host, node, log in d.logs():
         for oom in log.get("oom") or []:
             rank = oom.get("rank")
@@ -362,9 +386,22 @@ def check_f12(d: Doctor) -> None:
 
 
 def check_f13(d: Doctor) -> None:
-    """F13: orphaned offload files in /dev/shm now, or a last boot that failed mapping one."""
+    """F13: orphaned offload files in /dev/shm now, a start the reclaim refused, or a failed map."""
     d.saved_findings("F13")
     check_orphans(d)
+    for host, node in d.nodes.items():
+        line = _guard_refusal(node, OFFLOAD_MARKER)
+        if line:
+            d.add(
+                "F13",
+                "error",
+                host,
+                f"the offload reclaim refused to start {node.journal_unit}: offload files in "
+                "/dev/shm may still be mapped by a live process",
+                f"{node.journal_unit}: {clip(line)}",
+                "list them with localinference.vllm.shm_offload state=status; stop the process "
+                "that maps them, then start again",
+            )
     for host, node, log in d.logs():
         hits = [e for e in log.get("errors") or [] if any(n in e for n in OFFLOAD_MMAP_FAILURE)]
         if hits:
