@@ -97,28 +97,33 @@ def _saved_only(fid: str) -> Callable[[Doctor], None]:
     return check
 
 
-def _guard_refusal(node: NodeEvidence, marker: str) -> str | None:
-    """The newest refusal line of one start guard (admission, offload reclaim) in the boot log."""
-    lines = [r for r in start_refusals(node.journal_text.splitlines()) if r.startswith(marker)]
-    return lines[-1] if lines else None
+def check_refused_starts(d: Doctor, fid: str, marker: str, guard: str, why: str, fix: str) -> None:
+    """A start guard's (admission, offload reclaim) newest refusal in each node's unit log."""
+    for host, node in d.nodes.items():
+        lines = [r for r in start_refusals(node.journal_text.splitlines()) if r.startswith(marker)]
+        if lines:
+            d.add(
+                fid,
+                "error",
+                host,
+                f"the {guard} refused to start {node.journal_unit}: {why}",
+                f"{node.journal_unit}: {clip(lines[-1])}",
+                fix,
+            )
 
 
 def check_f4(d: Doctor) -> None:
     """F4: preflight's weaker rank, the admission refusing a start, or a rank out of memory."""
     d.saved_findings("F4")
-    for host, node in d.nodes.items():
-        line = _guard_refusal(node, ADMISSION_MARKER)
-        if line:
-            d.add(
-                "F4",
-                "error",
-                host,
-                f"the memory admission refused to start {node.journal_unit}: the node has less "
-                "memory available than the recipe's rank needs (systemd retries it)",
-                f"{node.journal_unit}: {clip(line)}",
-                "free memory on that node (the line names its largest processes) or plan for "
-                "less (max_model_len, gpu_memory_utilization), then --tags plan,rollout",
-            )
+    check_refused_starts(
+        d,
+        "F4",
+        ADMISSION_MARKER,
+        "memory admission",
+        "the node has less memory available than the recipe's rank needs (systemd retries it)",
+        "free memory on that node (the line names its largest processes) or plan for less "
+        "(max_model_len, gpu_memory_utilization), then --tags plan,rollout",
+    )
     for host, node, log in d.logs():
         for oom in log.get("oom") or []:
             rank = oom.get("rank")
@@ -389,19 +394,15 @@ def check_f13(d: Doctor) -> None:
     """F13: orphaned offload files in /dev/shm now, a start the reclaim refused, or a failed map."""
     d.saved_findings("F13")
     check_orphans(d)
-    for host, node in d.nodes.items():
-        line = _guard_refusal(node, OFFLOAD_MARKER)
-        if line:
-            d.add(
-                "F13",
-                "error",
-                host,
-                f"the offload reclaim refused to start {node.journal_unit}: offload files in "
-                "/dev/shm may still be mapped by a live process",
-                f"{node.journal_unit}: {clip(line)}",
-                "list them with localinference.vllm.shm_offload state=status; stop the process "
-                "that maps them, then start again",
-            )
+    check_refused_starts(
+        d,
+        "F13",
+        OFFLOAD_MARKER,
+        "offload reclaim",
+        "offload files in /dev/shm may still be mapped by a live process",
+        "list them with localinference.vllm.shm_offload state=status; stop the process that "
+        "maps them, then start again",
+    )
     for host, node, log in d.logs():
         hits = [e for e in log.get("errors") or [] if any(n in e for n in OFFLOAD_MMAP_FAILURE)]
         if hits:
