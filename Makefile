@@ -16,7 +16,7 @@ MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
 .PHONY: help bootstrap system-packages images lab lab-up lab-down lab-clean test test-unit lint sanity \
-        test-molecule test-lab test-lab-faults test-lab-extended test-scale test-onehost build bench
+        test-molecule test-lab test-lab-faults test-lab-extended test-scale scale-up scale-down test-onehost build bench
 
 help:
 	@echo "make lab        build the two-node lab and run site.yml against it (leaves it up)"
@@ -25,6 +25,7 @@ help:
 	@echo "make test-lab   the lab tests (tests/lab: state, then faults) against a lab made by 'make lab'"
 	@echo "make test-lab-extended  the long fault scenarios CI's hour leaves out, against 'make lab'"
 	@echo "make test-scale the three-host lab (molecule/scale): create, converge, idempotence, test, destroy"
+	@echo "make scale-up   create and converge the three-host lab and leave it up;  make scale-down  remove it"
 	@echo "make test-onehost the one-host lab (molecule/onehost): create, converge, idempotence, test, destroy"
 	@echo "make bench      every benchmark against 'make lab': prints the ratios, writes .lab/bench.json"
 
@@ -156,6 +157,18 @@ test-scale: images
 	  $(MOLECULE) converge -s scale; \
 	  $(MOLECULE) idempotence -s scale; \
 	  $(MOLECULE) verify -s scale
+
+# The three-host lab left up (for benchmarks/growth.py or a look around):
+# create and converge only; scale-down removes it.
+scale-up: export LOCALINFERENCE_LAB_REQUIRED := 1
+scale-up: images
+	bash lab/bin/tiny-model-layers > /dev/null
+	$(MOLECULE) create -s scale
+	$(MOLECULE) converge -s scale
+
+scale-down: bootstrap
+	$(MOLECULE) destroy -s scale
+	rm -f $(LAB)/scale-endpoint
 
 # The one-host lab (molecule/onehost, inventories/lab-onehost): one systemd host
 # standing in for one machine with two RTX PRO 6000 cards, tensor parallel 2

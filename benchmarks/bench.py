@@ -9,6 +9,8 @@ Parts, in this order (``--only`` picks some):
 - ``noop``: benchmarks/rollout_noop.py (the lab; after the rollout part it also
   proves the lab was put back: 0 changed, 0 restarts)
 - ``kv``: benchmarks/kv_calibration.py (five CPU vLLM boots on the controller)
+- ``growth``: benchmarks/growth.py (the two-host lab and the three-host one, which
+  it brings up with `make scale-up` and removes afterwards unless it was up)
 
 bench.json holds the headline ratios with the two times each was made of, the
 profile breakdowns, the machine (CPUs, load average at the start of the run and
@@ -17,7 +19,7 @@ is recorded with its error and the others still run; the exit code is then 1.
 With ``--lock FILE`` (or ``LOCALINFERENCE_LAB_LOCK``) the lab parts run holding
 ``flock`` on FILE, the lock other users of the shared lab take.
 
-    .venv/bin/python benchmarks/bench.py [--only verify,rollout,noop,kv] [--output .lab/bench.json]
+    .venv/bin/python benchmarks/bench.py [--only verify,rollout,noop,kv,growth] [--output .lab/bench.json]
 """
 
 from __future__ import annotations
@@ -41,11 +43,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import first_token, kv_calibration, manifest_verify, rollout_noop
+from benchmarks import first_token, growth, kv_calibration, manifest_verify, rollout_noop
 from lab.harness import LAB_DIR, ROOT, LabError, lab_up
 
-PARTS = ("verify", "rollout", "noop", "kv")
-LAB_PARTS = {"rollout", "noop"}
+PARTS = ("verify", "rollout", "noop", "kv", "growth")
+LAB_PARTS = {"rollout", "noop", "growth"}
 # (bench.json key, the two times it is made of, goal, how it reads)
 HEADLINES = (
     ("rollout_first_token_ratio", ("rollout_seconds", "by_hand_tp2_seconds"), "<= 1.3 (1.15)",
@@ -208,7 +210,7 @@ def main() -> int:
     results = document["parts"]
     if "verify" in parts:
         results["verify"] = run_part("verify", manifest_verify.measure, manifest_verify.report)
-    lab_parts = [p for p in ("rollout", "noop") if p in parts]
+    lab_parts = [p for p in ("rollout", "noop", "growth") if p in parts]
     if lab_parts and not lab_up():
         for part in lab_parts:
             results[part] = {"error": "the lab hosts spark-head and spark-worker are not running (make lab)"}
@@ -222,6 +224,8 @@ def main() -> int:
             results["noop"] = run_part(
                 "noop", lambda: rollout_noop.measure(top=args.top), rollout_noop.report
             )
+        if "growth" in lab_parts:
+            results["growth"] = run_part("growth", growth.measure, growth.report)
     if "kv" in parts:
         results["kv"] = run_part("kv", kv_part, kv_report)
 
@@ -231,6 +235,11 @@ def main() -> int:
                 document[key] = result[key]
                 document.update({t: result[t] for t in _times if t in result})
                 document.setdefault("load_during", {})[key] = result.get("load_during")
+    if "growth_per_added_node" in results.get("growth", {}):
+        document["nodes"] = {
+            "measured": [2, 3],
+            "growth_per_added_node": results["growth"]["growth_per_added_node"],
+        }
     for key in ("noop_breakdown", "rollout_breakdown"):
         for result in results.values():
             if key in result:

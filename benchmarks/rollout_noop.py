@@ -57,9 +57,8 @@ CONTROLLER_ACTIONS = frozenset(
     )
 )
 THREE_HOSTS = (
-    "not measured: the benchmarks run against the two-host lab (spark-head, spark-worker);"
-    " the three-host scenario (make test-scale) creates and destroys its own lab. Per-host task"
-    " time above is what each added node brings to a run whose hosts work in parallel"
+    "this part runs against the two-host lab (spark-head, spark-worker); the growth part"
+    " (benchmarks/growth.py) measures the no-op and the rollout on two and three hosts"
 )
 
 

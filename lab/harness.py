@@ -324,12 +324,14 @@ def playbook_argv(
     tags: str | None,
     extra_vars: Mapping[str, Any] | None,
     tmp: Path,
+    inventory: Path | None = None,
 ) -> list[str]:
     """``ansible-playbook -i <lab inventory> [EXTRA_ARGS] PLAYBOOK ARGS [--tags] [-e @tmp/extra-vars.json]``.
 
-    ``extra_vars`` go through a JSON file in ``tmp`` (typed; the caller removes it).
+    ``extra_vars`` go through a JSON file in ``tmp`` (typed; the caller removes it);
+    ``inventory`` replaces the two-host lab's (the three-host lab's, for the benchmarks).
     """
-    argv = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), *EXTRA_ARGS]
+    argv = [str(BIN / "ansible-playbook"), "-i", str(inventory or INVENTORY), *EXTRA_ARGS]
     argv += [str(playbook_path(playbook)), *args]
     if tags:
         argv += ["--tags", tags]
@@ -347,6 +349,7 @@ def run_playbook(
     extra_vars: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float = PLAYBOOK_TIMEOUT,
+    inventory: Path | None = None,
 ) -> PlaybookRun:
     """``ansible-playbook -i <lab inventory> [EXTRA_ARGS] PLAYBOOK ARGS`` from the checkout.
 
@@ -356,7 +359,7 @@ def run_playbook(
     :class:`LabError` after ``timeout`` seconds.
     """
     with tempfile.TemporaryDirectory(prefix="lab-vars-") as tmp:
-        argv = playbook_argv(playbook, args, tags, extra_vars, Path(tmp))
+        argv = playbook_argv(playbook, args, tags, extra_vars, Path(tmp), inventory)
         started = time.monotonic()
         done = run(argv, timeout=timeout, check=False, env=ansible_env(env))
     return PlaybookRun(argv, done.returncode, done.stdout, done.stderr, time.monotonic() - started)
@@ -369,6 +372,7 @@ def rollout(
     extra_vars: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float = PLAYBOOK_TIMEOUT,
+    inventory: Path | None = None,
 ) -> PlaybookRun:
     """site.yml limited to ``tags``; ``recipe`` replaces the inventory's ``vllm_recipe``.
 
@@ -380,7 +384,12 @@ def rollout(
     if recipe is not None:
         variables["vllm_recipe"] = dict(recipe)
     return run_playbook(
-        "site.yml", tags=tags, extra_vars=variables or None, env=env, timeout=timeout
+        "site.yml",
+        tags=tags,
+        extra_vars=variables or None,
+        env=env,
+        timeout=timeout,
+        inventory=inventory,
     )
 
 
@@ -451,14 +460,14 @@ def playbook_with_action(
     return run, fired.is_set()
 
 
-def inventory_var(name: str, host: str = HEAD) -> Any:
-    """A variable as the lab inventory gives it to ``host`` (templated)."""
+def inventory_var(name: str, host: str = HEAD, inventory: Path | None = None) -> Any:
+    """A variable as the lab inventory (or ``inventory``) gives it to ``host`` (templated)."""
     done = run(
         [
             str(BIN / "ansible"),
             host,
             "-i",
-            str(INVENTORY),
+            str(inventory or INVENTORY),
             *EXTRA_ARGS,
             "-m",
             "ansible.builtin.debug",

@@ -1,0 +1,268 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""How the no-op run and the rollout's overhead grow from two lab hosts to three.
+
+For the two-host lab (`make lab`, which must be up) and the three-host lab (the
+scenario `make test-scale` tests; brought up here with `make scale-up` and
+removed afterwards with `make scale-down`, unless it was up already), one run
+each of:
+
+- a no-op `site.yml` and a fact-gathering play on the same hosts (profiled:
+  module runs that reach each node, skipped tasks), their ratio, 0 changed;
+- a rollout (`--tags rollout`) of the lab's recipe with max_model_len 256 lower,
+  split at the head's server start (systemd's ExecMainStartTimestamp; the lab
+  hosts share the controller's clock): the orchestration before the engine
+  starts (stage, checks, stop, unit writes, the workers' start), and the
+  engine's boot to the first token at the new length; then the lab's recipe
+  rolled back the same way.
+
+Prints each lab's figures and the growth per added node. The labs differ in
+more than the node count (the three-host lab serves a three-layer model with
+pipeline parallel 3, compiled): the boot is reported but only the
+orchestration before it is compared.
+
+    .venv/bin/python benchmarks/growth.py [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._profile import profiled
+from benchmarks.rollout_noop import CONTROLLER_ACTIONS, FACTS_PLAY
+from lab.harness import (
+    ENDPOINT_FILE,
+    HEAD,
+    HOSTS,
+    INVENTORY,
+    LAB_DIR,
+    MODEL,
+    ROOT,
+    VLLM_UNIT,
+    LabError,
+    exec_on,
+    inventory_var,
+    podman,
+    rollout,
+    run,
+    run_playbook,
+    served_max_model_len,
+    streams_a_token,
+)
+
+POLL_SECONDS = 0.25
+# make scale-up: create and converge three hosts (about 5 min here).
+SCALE_TIMEOUT = 1800
+BOOT_TIMEOUT = 900
+LOWER_BY = 256
+
+
+@dataclass(frozen=True)
+class Lab:
+    name: str
+    inventory: Path
+    head: str
+    hosts: tuple[str, ...]
+    endpoint_file: Path
+    model: str
+
+    def base(self) -> str:
+        return self.endpoint_file.read_text().strip().rstrip("/")
+
+
+LABS = (
+    Lab("two hosts", INVENTORY, HEAD, HOSTS, ENDPOINT_FILE, MODEL),
+    Lab(
+        "three hosts",
+        ROOT / "inventories" / "lab-scale" / "hosts.yml",
+        "scale-head",
+        ("scale-head", "scale-worker", "scale-worker2"),
+        LAB_DIR / "scale-endpoint",
+        "localinference/tiny-deepseek-3l",
+    ),
+)
+
+
+def running(lab: Lab) -> bool:
+    names = set(podman("ps", "--format", "{{.Names}}", timeout=30).stdout.split())
+    return set(lab.hosts) <= names and lab.endpoint_file.is_file()
+
+
+def module_runs(timings: dict[str, Any] | None) -> dict[str, Any]:
+    """Module runs that reached each node and tasks skipped, from the task_timing callback."""
+    runs: dict[str, int] = {}
+    skipped = 0
+    for task in (timings or {}).get("tasks", []):
+        for host, res in task["hosts"].items():
+            if res.get("status") == "skipped":
+                skipped += 1
+            elif res.get("status") is not None and task["action"] not in CONTROLLER_ACTIONS:
+                runs[host] = runs.get(host, 0) + 1
+    return {"per_host": dict(sorted(runs.items())), "skipped": skipped}
+
+
+def noop(lab: Lab) -> dict[str, Any]:
+    with profiled(f"growth-noop-{len(lab.hosts)}") as profiler:
+        run = run_playbook("site.yml", env=profiler.env, inventory=lab.inventory)
+        profiler.keep_log(run.stdout)
+        runs = module_runs(profiler.timings())
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=LAB_DIR) as play:
+        play.write(FACTS_PLAY)
+        play.flush()
+        facts = run_playbook(play.name, inventory=lab.inventory)
+    if run.rc or facts.rc or run.changed():
+        raise LabError(
+            f"{lab.name}: the no-op was not one (rc {run.rc}, changed {run.changed()}):\n{run.tail()}"
+        )
+    return {
+        "noop_seconds": round(run.seconds, 2),
+        "gather_facts_seconds": round(facts.seconds, 2),
+        "noop_ratio": round(run.seconds / facts.seconds, 2),
+        "module_runs": runs,
+    }
+
+
+def server_started_at(lab: Lab) -> float:
+    """The head's server unit's last start, as the controller's epoch seconds."""
+    out = exec_on(
+        lab.head, "systemctl", "show", "-p", "ExecMainStartTimestamp", "--value", VLLM_UNIT
+    ).stdout.strip()
+    stamp = exec_on(lab.head, "date", "-d", out, "+%s.%N").stdout.strip()
+    return float(stamp)
+
+
+def timed_rollout(lab: Lab, recipe: dict[str, Any], serves: int) -> dict[str, Any]:
+    """Rollout start -> the head's server start -> first token at ``serves``."""
+    result: dict[str, Any] = {}
+
+    def roll() -> None:
+        try:
+            result["run"] = rollout(recipe, tags="rollout", inventory=lab.inventory)
+        except LabError as err:
+            result["error"] = err
+
+    started_wall, started = time.time(), time.monotonic()
+    thread = threading.Thread(target=roll)
+    thread.start()
+    first = None
+    base = lab.base()
+    while time.monotonic() - started < BOOT_TIMEOUT:
+        if served_max_model_len(base) == serves and streams_a_token(base, lab.model, timeout=10):
+            first = time.monotonic() - started
+            break
+        if not thread.is_alive():
+            break
+        time.sleep(POLL_SECONDS)
+    thread.join()
+    if "error" in result or first is None or result["run"].rc:
+        tail = result["run"].tail() if "run" in result else result.get("error")
+        raise LabError(f"{lab.name}: the rollout to max_model_len {serves} did not serve:\n{tail}")
+    before_engine = server_started_at(lab) - started_wall
+    return {
+        "first_token_seconds": round(first, 2),
+        "before_engine_seconds": round(before_engine, 2),
+        "engine_boot_seconds": round(first - before_engine, 2),
+        "playbook_seconds": round(result["run"].seconds, 2),
+    }
+
+
+def rollouts(lab: Lab) -> dict[str, Any]:
+    base = inventory_var("vllm_recipe", lab.head, lab.inventory)
+    served = served_max_model_len(lab.base())
+    if not isinstance(base, dict) or not served:
+        raise LabError(f"{lab.name}: no recipe in the inventory or nothing served at {lab.base()}")
+    try:
+        changed = timed_rollout(lab, {**base, "max_model_len": served - LOWER_BY}, served - LOWER_BY)
+    finally:
+        back = timed_rollout(lab, base, served)
+    return {"changed": changed, "back": back}
+
+
+def make(target: str) -> None:
+    run(["make", "--no-print-directory", target], timeout=SCALE_TIMEOUT, cwd=ROOT)
+
+
+def measure() -> dict[str, Any]:
+    two, three = LABS
+    if not running(two):
+        raise LabError("needs the two-host lab up and serving (make lab)")
+    bring_up = not running(three)
+    result: dict[str, Any] = {"labs": {}, "three_hosts_brought_up": bring_up}
+    try:
+        if bring_up:
+            started = time.monotonic()
+            make("scale-up")
+            result["scale_up_seconds"] = round(time.monotonic() - started, 1)
+        for lab in LABS:
+            result["labs"][lab.name] = {
+                "hosts": list(lab.hosts),
+                **noop(lab),
+                "rollout": rollouts(lab),
+            }
+    finally:
+        if bring_up:
+            make("scale-down")
+    two, three = (result["labs"][lab.name] for lab in LABS)
+    result["growth_per_added_node"] = {
+        "noop_seconds": round(three["noop_seconds"] - two["noop_seconds"], 2),
+        "noop_ratio": round(three["noop_ratio"] / two["noop_ratio"], 2),
+        "before_engine_seconds": round(
+            three["rollout"]["changed"]["before_engine_seconds"]
+            - two["rollout"]["changed"]["before_engine_seconds"],
+            2,
+        ),
+    }
+    return result
+
+
+def report(result: dict[str, Any]) -> str:
+    lines = []
+    for name, lab in result["labs"].items():
+        runs = ", ".join(f"{h} {n}" for h, n in lab["module_runs"]["per_host"].items())
+        lines.append(
+            f"{name}: no-op {lab['noop_seconds']:.1f} s vs gather_facts {lab['gather_facts_seconds']:.1f} s"
+            f" (ratio {lab['noop_ratio']:.1f}); module runs per node: {runs};"
+            f" skipped host-tasks {lab['module_runs']['skipped']}"
+        )
+        for label, roll in lab["rollout"].items():
+            lines.append(
+                f"  rollout ({label}): first token after {roll['first_token_seconds']:.1f} s ="
+                f" {roll['before_engine_seconds']:.1f} s before the head's server started +"
+                f" {roll['engine_boot_seconds']:.1f} s of engine boot"
+                f" (playbook {roll['playbook_seconds']:.1f} s)"
+            )
+    growth = result["growth_per_added_node"]
+    lines.append(
+        f"from two hosts to three: no-op {growth['noop_seconds']:+.1f} s (ratio x{growth['noop_ratio']:.2f}),"
+        f" orchestration before the engine {growth['before_engine_seconds']:+.1f} s"
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="also write the result as JSON here")
+    args = parser.parse_args()
+    try:
+        result = measure()
+    except LabError as err:
+        print(err, file=sys.stderr)
+        return 1
+    print(report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
