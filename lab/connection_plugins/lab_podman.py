@@ -51,12 +51,17 @@ DOCUMENTATION = """
 
 import shlex
 
-from ansible.errors import AnsibleError
+from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.module_utils.common.text.converters import to_bytes, to_native
 from ansible.plugins.connection import ConnectionBase, ensure_connect
 from ansible_collections.containers.podman.plugins.connection.podman import (
     Connection as PodmanConnection,
 )
+
+# How podman says that it, not the command, failed: exit 125, or 255 for a container that
+# cannot take an exec session ("container state improper": paused, stopped), and its own
+# "Error: ..." line on stderr.
+PODMAN_FAILED = (125, 255)
 
 
 class Connection(PodmanConnection):
@@ -77,7 +82,16 @@ class Connection(PodmanConnection):
         args = ["exec"] + (["-i"] if in_data is not None else [])
         if self.user:
             args += ["--user", self.user]
-        return self._podman(args, shlex.split(to_native(cmd, errors="surrogate_or_strict")), in_data)
+        rc, stdout, stderr = self._podman(args, shlex.split(to_native(cmd, errors="surrogate_or_strict")), in_data)
+        if rc in PODMAN_FAILED and to_native(stderr).startswith("Error: "):
+            # Podman itself failed (the container is paused, stopped or gone): the host is
+            # unreachable, as the upstream plugin reports it when its first `podman exec`
+            # (the temporary directory) fails; a pipelined module must not turn it into a
+            # module failure (preflight tells an unreachable node from a failed check).
+            raise AnsibleConnectionFailure(
+                f"podman exec in {self._container_id} failed: {to_native(stderr).strip()}"
+            )
+        return rc, stdout, stderr
 
     @ensure_connect
     def put_file(self, in_path, out_path):
