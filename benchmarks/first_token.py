@@ -42,6 +42,7 @@ from benchmarks._profile import breakdown, format_breakdown, profiled
 from lab.harness import (
     HEAD,
     HOSTS,
+    MODEL,
     ROOT,
     VLLM_UNIT,
     WORKER,
@@ -72,14 +73,23 @@ SYSTEMD_ONLY_PREFIXES = ("--cidfile", "--cgroups", "--sdnotify")
 
 
 def timed_rollout(
-    recipe: dict[str, Any] | None, serves: int, env: dict[str, str] | None = None
+    recipe: dict[str, Any] | None,
+    serves: int,
+    env: dict[str, str] | None = None,
+    *,
+    inventory: Path | None = None,
+    base: str | None = None,
+    model: str = MODEL,
 ) -> tuple[float, PlaybookRun]:
-    """Seconds from the start of the rollout to the first token of a boot serving ``serves``."""
+    """Seconds from the start of the rollout to the first token of a boot serving ``serves``.
+
+    ``inventory``, ``base`` and ``model``: another lab's (benchmarks/growth.py), else this one's.
+    """
     result: dict[str, PlaybookRun | BaseException] = {}
 
     def roll() -> None:
         try:
-            result["run"] = rollout(recipe, tags=ROLLOUT_TAGS, env=env)
+            result["run"] = rollout(recipe, tags=ROLLOUT_TAGS, env=env, inventory=inventory)
         except LabError as err:
             result["error"] = err
 
@@ -87,8 +97,8 @@ def timed_rollout(
     thread = threading.Thread(target=roll)
     thread.start()
     first = None
-    while first is None:
-        if served_max_model_len() == serves and streams_a_token(timeout=10):
+    while first is None and time.monotonic() - started < BOOT_TIMEOUT:
+        if served_max_model_len(base) == serves and streams_a_token(base, model, timeout=10):
             first = time.monotonic() - started
             break
         if not thread.is_alive():

@@ -30,7 +30,6 @@ import argparse
 import json
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import first_token
 from benchmarks._profile import profiled
 from benchmarks.rollout_noop import CONTROLLER_ACTIONS, FACTS_PLAY
 from lab.harness import (
@@ -53,17 +53,13 @@ from lab.harness import (
     exec_on,
     inventory_var,
     podman,
-    rollout,
     run,
     run_playbook,
     served_max_model_len,
-    streams_a_token,
 )
 
-POLL_SECONDS = 0.25
 # make scale-up: create and converge three hosts (about 5 min here).
 SCALE_TIMEOUT = 1800
-BOOT_TIMEOUT = 900
 LOWER_BY = 256
 
 
@@ -143,36 +139,18 @@ def server_started_at(lab: Lab) -> float:
 
 def timed_rollout(lab: Lab, recipe: dict[str, Any], serves: int) -> dict[str, Any]:
     """Rollout start -> the head's server start -> first token at ``serves``."""
-    result: dict[str, Any] = {}
-
-    def roll() -> None:
-        try:
-            result["run"] = rollout(recipe, tags="rollout", inventory=lab.inventory)
-        except LabError as err:
-            result["error"] = err
-
-    started_wall, started = time.time(), time.monotonic()
-    thread = threading.Thread(target=roll)
-    thread.start()
-    first = None
-    base = lab.base()
-    while time.monotonic() - started < BOOT_TIMEOUT:
-        if served_max_model_len(base) == serves and streams_a_token(base, lab.model, timeout=10):
-            first = time.monotonic() - started
-            break
-        if not thread.is_alive():
-            break
-        time.sleep(POLL_SECONDS)
-    thread.join()
-    if "error" in result or first is None or result["run"].rc:
-        tail = result["run"].tail() if "run" in result else result.get("error")
-        raise LabError(f"{lab.name}: the rollout to max_model_len {serves} did not serve:\n{tail}")
+    started_wall = time.time()
+    first, run = first_token.timed_rollout(
+        recipe, serves, inventory=lab.inventory, base=lab.base(), model=lab.model
+    )
+    if run.rc:
+        raise LabError(f"{lab.name}: the rollout to max_model_len {serves} failed:\n{run.tail()}")
     before_engine = server_started_at(lab) - started_wall
     return {
         "first_token_seconds": round(first, 2),
         "before_engine_seconds": round(before_engine, 2),
         "engine_boot_seconds": round(first - before_engine, 2),
-        "playbook_seconds": round(result["run"].seconds, 2),
+        "playbook_seconds": round(run.seconds, 2),
     }
 
 
