@@ -7,8 +7,10 @@ scenario `make test-scale` tests; brought up here with `make scale-up` and
 removed afterwards with `make scale-down`, unless it was up already), one run
 each of:
 
-- a no-op `site.yml` and a fact-gathering play on the same hosts (profiled:
-  module runs that reach each node, skipped tasks), their ratio, 0 changed;
+- a no-op run of the serving stages (`molecule/scale/converge.yml`: site.yml
+  from preflight to ingress; the three-host lab has no client or qualify
+  setup) and a fact-gathering play on the same hosts (profiled: module runs
+  that reach each node, skipped tasks), their ratio, 0 changed;
 - a rollout (`--tags rollout`) of the lab's recipe with max_model_len 256 lower,
   split at the head's server start (systemd's ExecMainStartTimestamp; the lab
   hosts share the controller's clock): the orchestration before the engine
@@ -61,6 +63,8 @@ from lab.harness import (
 # make scale-up: create and converge three hosts (about 5 min here).
 SCALE_TIMEOUT = 1800
 LOWER_BY = 256
+# The stages both labs converge (the three-host lab's converge playbook).
+SERVING_STAGES = ROOT / "molecule" / "scale" / "converge.yml"
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ def module_runs(timings: dict[str, Any] | None) -> dict[str, Any]:
 
 def noop(lab: Lab) -> dict[str, Any]:
     with profiled(f"growth-noop-{len(lab.hosts)}") as profiler:
-        run = run_playbook("site.yml", env=profiler.env, inventory=lab.inventory)
+        run = run_playbook(SERVING_STAGES, env=profiler.env, inventory=lab.inventory)
         profiler.keep_log(run.stdout)
         runs = module_runs(profiler.timings())
     with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=LAB_DIR) as play:
