@@ -143,6 +143,18 @@ test-lab-extended: bootstrap
 bench: bootstrap
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
+# molecule's test sequence for the scenario $(1), one step at a time, destroy
+# running whatever happens and removing the controller files $(2) with it.
+define scenario_test
+	$(MOLECULE) destroy -s $(1)
+	trap '$(MOLECULE) destroy -s $(1); rm -f $(2)' EXIT; \
+	  $(MOLECULE) syntax -s $(1); \
+	  $(MOLECULE) create -s $(1); \
+	  $(MOLECULE) converge -s $(1); \
+	  $(MOLECULE) idempotence -s $(1); \
+	  $(MOLECULE) verify -s $(1)
+endef
+
 # The three-host lab (molecule/scale, inventories/lab-scale): pipeline parallel 3
 # across three hosts, beside the default lab (its own names, networks and port).
 # create -> converge -> idempotence -> tests/lab/scale -> destroy, which runs
@@ -150,13 +162,7 @@ bench: bootstrap
 test-scale: export LOCALINFERENCE_LAB_REQUIRED := 1
 test-scale: images
 	bash lab/bin/tiny-model-layers > /dev/null
-	$(MOLECULE) destroy -s scale
-	trap '$(MOLECULE) destroy -s scale; rm -f $(LAB)/scale-endpoint' EXIT; \
-	  $(MOLECULE) syntax -s scale; \
-	  $(MOLECULE) create -s scale; \
-	  $(MOLECULE) converge -s scale; \
-	  $(MOLECULE) idempotence -s scale; \
-	  $(MOLECULE) verify -s scale
+	$(call scenario_test,scale,$(LAB)/scale-endpoint)
 
 # The three-host lab left up (for benchmarks/growth.py or a look around):
 # create and converge only; scale-down removes it.
@@ -178,13 +184,7 @@ scale-down: bootstrap
 # whatever happens. `make test` runs it after test-molecule.
 test-onehost: export LOCALINFERENCE_LAB_REQUIRED := 1
 test-onehost: images
-	$(MOLECULE) destroy -s onehost
-	trap '$(MOLECULE) destroy -s onehost; rm -f $(LAB)/onehost/endpoint' EXIT; \
-	  $(MOLECULE) syntax -s onehost; \
-	  $(MOLECULE) create -s onehost; \
-	  $(MOLECULE) converge -s onehost; \
-	  $(MOLECULE) idempotence -s onehost; \
-	  $(MOLECULE) verify -s onehost
+	$(call scenario_test,onehost,$(LAB)/onehost/endpoint)
 
 build: bootstrap
 	$(BIN)/ansible-galaxy collection build --force --output-path $(LAB)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import first_token
 from benchmarks._profile import profiled
-from benchmarks.rollout_noop import CONTROLLER_ACTIONS, FACTS_PLAY
+from benchmarks.rollout_noop import FACTS_PLAY, module_runs, profiled_play
 from lab.harness import (
     ENDPOINT_FILE,
     HEAD,
@@ -98,37 +97,27 @@ def running(lab: Lab) -> bool:
     return set(lab.hosts) <= names and lab.endpoint_file.is_file()
 
 
-def module_runs(timings: dict[str, Any] | None) -> dict[str, Any]:
-    """Module runs that reached each node and tasks skipped, from the task_timing callback."""
-    runs: dict[str, int] = {}
-    skipped = 0
-    for task in (timings or {}).get("tasks", []):
-        for host, res in task["hosts"].items():
-            if res.get("status") == "skipped":
-                skipped += 1
-            elif res.get("status") is not None and task["action"] not in CONTROLLER_ACTIONS:
-                runs[host] = runs.get(host, 0) + 1
-    return {"per_host": dict(sorted(runs.items())), "skipped": skipped}
-
-
 def noop(lab: Lab) -> dict[str, Any]:
     with profiled(f"growth-noop-{len(lab.hosts)}") as profiler:
         run = run_playbook(SERVING_STAGES, env=profiler.env, inventory=lab.inventory)
         profiler.keep_log(run.stdout)
-        runs = module_runs(profiler.timings())
-    with tempfile.NamedTemporaryFile("w", suffix=".yml", dir=LAB_DIR) as play:
-        play.write(FACTS_PLAY)
-        play.flush()
-        facts = run_playbook(play.name, inventory=lab.inventory)
+        timings = profiler.timings() or {"tasks": []}
+    facts, _ = profiled_play(f"growth-facts-{len(lab.hosts)}", FACTS_PLAY, lab.inventory)
     if run.rc or facts.rc or run.changed():
         raise LabError(
             f"{lab.name}: the no-op was not one (rc {run.rc}, changed {run.changed()}):\n{run.tail()}"
         )
+    skipped = sum(
+        res.get("status") == "skipped" for task in timings["tasks"] for res in task["hosts"].values()
+    )
     return {
         "noop_seconds": round(run.seconds, 2),
         "gather_facts_seconds": round(facts.seconds, 2),
         "noop_ratio": round(run.seconds / facts.seconds, 2),
-        "module_runs": runs,
+        "module_runs": {
+            "per_host": {h: e["module_runs"] for h, e in module_runs(timings).items()},
+            "skipped": skipped,
+        },
     }
 
 

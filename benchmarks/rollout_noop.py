@@ -62,14 +62,10 @@ THREE_HOSTS = (
 )
 
 
-def round_trips(
-    noop: dict[str, Any] | None, pings: dict[str, Any] | None, ping_seconds: float, ping_rc: int
-) -> dict[str, Any]:
-    """Module runs of the no-op that reach a node, and what one round trip costs on this lab."""
-    if not noop or not pings or ping_rc:
-        return {"note": "no timings (a run ended before its recap, or the round-trip play failed)"}
+def module_runs(timings: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per host: the module runs that reached it (task_timing's results) and their seconds."""
     per_host: dict[str, dict[str, Any]] = {}
-    for task in noop["tasks"]:
+    for task in timings["tasks"]:
         if task["action"] in CONTROLLER_ACTIONS:
             continue
         for host, res in task["hosts"].items():
@@ -78,6 +74,18 @@ def round_trips(
             entry = per_host.setdefault(host, {"module_runs": 0, "seconds": 0.0})
             entry["module_runs"] += 1
             entry["seconds"] += res.get("end", res["start"]) - res["start"]
+    return {
+        host: {**entry, "seconds": round(entry["seconds"], 1)}
+        for host, entry in sorted(per_host.items())
+    }
+
+
+def round_trips(
+    noop: dict[str, Any] | None, pings: dict[str, Any] | None, ping_seconds: float, ping_rc: int
+) -> dict[str, Any]:
+    """Module runs of the no-op that reach a node, and what one round trip costs on this lab."""
+    if not noop or not pings or ping_rc:
+        return {"note": "no timings (a run ended before its recap, or the round-trip play failed)"}
     each = [
         res["end"] - res["start"]
         for task in pings["tasks"]
@@ -86,25 +94,25 @@ def round_trips(
         if "end" in res
     ]
     return {
-        "per_host": {
-            host: {**entry, "seconds": round(entry["seconds"], 1)}
-            for host, entry in sorted(per_host.items())
-        },
+        "per_host": module_runs(noop),
         "ping_seconds_median": round(statistics.median(each), 3) if each else None,
         "ping_play_seconds": round(ping_seconds, 2),
         "ping_tasks": PING_TASKS,
     }
 
 
-def profiled_play(label: str, text: str) -> tuple[PlaybookRun, dict[str, Any] | None]:
-    """Run a play given as text against the lab, profiled: (the run, its task timings)."""
+def profiled_play(
+    label: str, text: str, inventory: Path | None = None
+) -> tuple[PlaybookRun, dict[str, Any] | None]:
+    """Run a play given as text against the lab (or ``inventory``'s), profiled: (run, timings)."""
     with (
         profiled(label) as profiler,
         tempfile.NamedTemporaryFile("w", suffix=".yml", dir=LAB_DIR, delete=True) as play,
     ):
         play.write(text)
         play.flush()
-        return run_playbook(play.name, env=profiler.env), profiler.timings()
+        run = run_playbook(play.name, env=profiler.env, inventory=inventory)
+        return run, profiler.timings()
 
 
 def measure(playbook: str = "playbooks/site.yml", top: int = 15) -> dict[str, Any]:
