@@ -175,7 +175,20 @@ def _slice_lines(digest: str, host: str, guards: Guards) -> list[str]:
     ]
 
 
-def _service_tail(recipe: dict[str, Any], extra: list[str] | None = None) -> list[str]:
+# A headless rank (nodes other than the head, vLLM's mp backend) serves no request and
+# keeps nothing worth a graceful stop, but its worker does not exit on the shutdown
+# request or on SIGTERM while its peers go away: vLLM waits
+# VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (5 s), sends SIGTERM, waits 4 s more and kills it,
+# and podman's default 10 s stop timeout kills the container at the same moment
+# (journal of the lab's rank: "workers still running after SIGTERM; sending SIGKILL",
+# then "StopSignal SIGTERM failed to stop container ... in 10 seconds"). Every restart
+# of the cluster waited those 10 s; the rank is killed after this grace instead.
+HEADLESS_STOP_SECONDS = 3
+
+
+def _service_tail(
+    recipe: dict[str, Any], extra: list[str] | None = None, stop_seconds: int = 120
+) -> list[str]:
     return [
         "",
         "[Service]",
@@ -186,7 +199,7 @@ def _service_tail(recipe: dict[str, Any], extra: list[str] | None = None) -> lis
         "Restart=always",
         "RestartSec=10",
         "TimeoutStartSec=900",
-        "TimeoutStopSec=120",
+        f"TimeoutStopSec={stop_seconds}",
         "",
         "[Install]",
         "WantedBy=multi-user.target",
@@ -202,6 +215,7 @@ def _container(
     argv: list[str],
     env: dict[str, str],
     volumes: list[str],
+    stop_seconds: int | None = None,
 ) -> list[str]:
     lines = [
         "",
@@ -220,6 +234,9 @@ def _container(
     if recipe.get("shm_size"):
         lines.append(f"ShmSize={recipe['shm_size']}")
     podman_args = list(recipe["podman_args"])
+    if stop_seconds is not None:
+        # PodmanArgs, not Quadlet's StopTimeout= (Podman 5.0 and newer only).
+        podman_args.insert(0, f"--stop-timeout={stop_seconds}")
     if recipe["ipc_host"]:
         podman_args.insert(0, "--ipc=host")
     if recipe["privileged"]:
@@ -313,6 +330,7 @@ def render_units(
         rank = f" rank {node.rank}/{node.nnodes}" if node.nnodes > 1 else ""
         what = f"vLLM {served}{rank} on {node.host}"
         after = [f"Requires={RAY_UNIT}.service", f"After={RAY_UNIT}.service"] if ray else []
+        headless = "--headless" in server
         if quadlet:
             if ray:
                 volumes = [*volumes, f"{RAY_SESSION_DIR}:/tmp/ray"]
@@ -320,7 +338,14 @@ def render_units(
                 _header(digest, what)
                 + after
                 + _container(
-                    recipe, digest, SERVER_UNIT, recipe["entrypoint"], server, env, volumes
+                    recipe,
+                    digest,
+                    SERVER_UNIT,
+                    recipe["entrypoint"],
+                    server,
+                    env,
+                    volumes,
+                    HEADLESS_STOP_SECONDS if headless else None,
                 )
             )
             units.append(
@@ -348,7 +373,11 @@ def render_units(
                 {
                     "name": f"{SERVER_UNIT}.service",
                     "content": _text(
-                        f"{SERVER_UNIT}.service", lines + _service_tail(recipe, server_guards)[2:]
+                        f"{SERVER_UNIT}.service",
+                        lines
+                        + _service_tail(
+                            recipe, server_guards, HEADLESS_STOP_SECONDS if headless else 120
+                        )[2:],
                     ),
                 }
             )

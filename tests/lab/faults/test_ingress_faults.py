@@ -82,13 +82,12 @@ def test_a_dead_upstream_gets_a_502_naming_the_unit_and_recovers():
         assert f"journalctl -u {VLLM_UNIT}" in message, message
         assert MODEL in message, message
     finally:
-        exec_on(HEAD, "systemctl", "start", VLLM_UNIT, timeout=180)
-    # vLLM's multi-node mp: the worker's headless rank must rejoin the new head.
-    waited = wait_for_token(300)
-    if waited < 0:
+        # vLLM's multi-node mp: the worker's headless rank does not rejoin a new head
+        # (it waited for the old one until a 300 s deadline in every run measured), so the
+        # lab is put back as an operator would: the ranks first, then the head.
         for host in reversed(HOSTS):
             exec_on(host, "systemctl", "restart", VLLM_UNIT, timeout=180)
-        waited = wait_for_token()
+    waited = wait_for_token()
     assert waited >= 0, f"no token through the ingress {RECOVERY_SECONDS} s after the restart"
 
 
