@@ -16,9 +16,8 @@ environment of that init: what `podman exec` does, without podman's and runc's
 own start-up, about 0.3 s of every `podman exec` on this machine against a few
 milliseconds (about what one command costs on an SSH ControlPersist channel,
 which is what users have). The init's PID is asked of `podman inspect` once and
-kept in a small file per host; it is checked against /proc before every use
-(start time and container id), so a restarted or removed host is looked up
-again. A paused host (its freezer cgroup FROZEN) or a stopped one raises
+kept in a small file per host; its start time is checked against /proc
+before every use, so a restarted or removed host is looked up again. A paused host (its freezer cgroup FROZEN) or a stopped one raises
 AnsibleConnectionFailure, the unreachable host `podman exec` reports. With a
 remote_user, or without nsenter, every command goes through `podman exec -i`.
 Measured in benchmarks/bench.py's no-op and rollout runs.

@@ -153,6 +153,33 @@ def test_systemd_mode_service_runs_the_venv_with_the_same_argv():
     assert "Restart=always" in unit["content"]  # F11: an engine that exits 0 comes back too
 
 
+@pytest.mark.parametrize("mode", ["quadlet", "systemd"])
+def test_only_a_headless_rank_is_killed_after_a_short_grace(mode):
+    """Its worker ignores the shutdown and SIGTERM (vLLM 0.32 in the lab): without this every
+    cluster restart waited podman's 10 s stop timeout on the worker."""
+    recipe = normalise({**RECIPE, "deploy_mode": mode, "vllm_version": "0.32.0"})
+    venv = "/opt/localinference/vllm-0.32.0"
+    head, worker = (render_units(recipe, node(rank), recipe_hash(recipe), venv) for rank in (0, 1))
+    (head_unit,), (worker_unit,) = head["units"], worker["units"]
+    assert "--headless" in worker["server_argv"] and "--headless" not in head["server_argv"]
+    if mode == "quadlet":
+        assert "PodmanArgs=--stop-timeout=3" in worker_unit["content"].splitlines()
+        assert "--stop-timeout" not in head_unit["content"]
+    else:
+        assert "TimeoutStopSec=3" in worker_unit["content"].splitlines()
+    assert "TimeoutStopSec=120" in head_unit["content"].splitlines()
+
+
+@needs_quadlet
+def test_the_generator_puts_the_headless_stop_timeout_on_podman_run(tmp_path):
+    recipe = normalise(RECIPE)
+    out = render_units(recipe, node(1), recipe_hash(recipe))
+    rc, stdout, stderr = dryrun(tmp_path, out["units"])
+    assert rc == 0, stderr
+    argv = exec_start(split_dryrun(stdout)["localinference-vllm.service"])
+    assert "--stop-timeout=3" in argv[: argv.index(IMAGE)]
+
+
 @needs_quadlet
 @pytest.mark.parametrize("backend", ["mp", "ray"])
 @pytest.mark.parametrize("rank", [0, 1])
