@@ -50,7 +50,7 @@ def interrupt_after(marker: str, recipe: dict) -> PlaybookRun:
     return run
 
 
-# Three rollouts, one interrupted: 287 s in the clean-clone CI of 0cd4aaa (make test-lab-extended).
+# Three rollouts, one interrupted: 290 s in the clean-clone CI of 0cd4aaa (make test-lab-extended).
 @pytest.mark.extended
 def test_a_rollout_interrupted_between_rm_and_start_is_recovered_by_the_next_run():
     recipe = inventory_recipe()
