@@ -141,3 +141,13 @@ def foreign(found: list[Listener], units: list[str]) -> list[Listener]:
 def describe(item: Listener) -> str:
     who = f"pid {item.pid} ({item.command[:120] or '?'})" if item.pid is not None else "a process this node cannot see"
     return f"port {item.port} on {item.address} is held by {who}"
+
+
+def refusal(strangers: list[Listener]) -> str:
+    """Why staging refuses ports held by other processes, and the fix."""
+    lines = "; ".join(describe(item) for item in strangers)
+    return (
+        f"{lines}. The new engine would die at bind time after the old one was stopped, so nothing"
+        " was changed. Stop that process (or move it to another port), or set another port in"
+        " vllm_recipe, and run the rollout again."
+    )

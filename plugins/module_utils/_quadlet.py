@@ -10,8 +10,16 @@ the generator actually produced, so PodmanArgs= and every other path are covered
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import stat
+
+from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+    CommandError,
+    CommandTimeout,
+    Runner,
+)
 
 _SECTION = re.compile(r"^---(?P<name>[^\n]+?)---$", re.MULTILINE)
 
@@ -125,3 +133,119 @@ def image_args_start(argv: list[str]) -> int:
 def podman_options(argv: list[str]) -> list[str]:
     """The Podman options of a ``podman run`` argv (what precedes the image)."""
     return argv[: image_args_start(argv)]
+
+
+# The generator's diagnostics quoted in a failure message, at most.
+MAX_MESSAGE = 2000
+
+
+class QuadletCheckError(Exception):
+    """The units fail the generator check; ``extra`` is what the module returns with it."""
+
+    def __init__(self, msg: str, **extra: object) -> None:
+        super().__init__(msg)
+        self.extra = {"findings": [], "stderr": "", **extra}
+
+
+def container_files(unit_dir: str) -> list[str]:
+    """Names of the ``.container`` files in ``unit_dir``; anything else is an error so named."""
+    try:
+        names = sorted(n for n in os.listdir(unit_dir) if n.endswith(".container"))
+    except OSError as exc:
+        raise QuadletCheckError(f"unit_dir: {unit_dir} cannot be listed ({exc.strerror})") from None
+    for name in names:
+        path = os.path.join(unit_dir, name)
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as exc:
+            raise QuadletCheckError(
+                f"unit_dir: {path} cannot be read ({exc.strerror}); remove or fix it"
+            ) from None
+        if not stat.S_ISREG(mode):
+            raise QuadletCheckError(
+                f"unit_dir: {path} is not a regular file; remove it (only unit files belong "
+                "in a Quadlet directory)"
+            )
+    if not names:
+        raise QuadletCheckError(
+            f"unit_dir: {unit_dir} holds no .container file; nothing to check (render the "
+            "units first: serving_state state=staged or present)"
+        )
+    return names
+
+
+def check_units(
+    unit_dir: str, quadlet: str, allow_privileged: bool = False, timeout: float = 60.0
+) -> dict[str, object]:
+    """Run the node's generator on ``unit_dir``: ``{services, findings, stderr}``.
+
+    Raises :class:`QuadletCheckError` when the generator is missing, rejects the
+    units, produces no service or no ExecStart= for one of them, or when a
+    blocking F14/F17 finding is on a generated ``podman run`` line.
+    """
+    if not (os.path.isfile(quadlet) and os.access(quadlet, os.X_OK)):
+        raise QuadletCheckError(
+            f"quadlet: {quadlet} is not an executable file; Quadlet needs Podman 4.4 or later "
+            "(Debian trixie, Ubuntu 24.04) or set deploy_mode: systemd"
+        )
+    if not os.path.isdir(unit_dir):
+        why = "does not exist" if not os.path.lexists(unit_dir) else "is not a directory"
+        raise QuadletCheckError(f"unit_dir: {unit_dir} {why}")
+    expected = set(container_files(unit_dir))
+    runner = Runner(timeout, {"QUADLET_UNIT_DIRS": unit_dir})
+    try:
+        rc, out, err = runner.run(
+            [quadlet, "-dryrun"], hint="raise timeout only if the generator is merely slow"
+        )
+    except CommandTimeout as exc:
+        raise QuadletCheckError(f"quadlet: {exc}") from None
+    except CommandError as exc:
+        reason = str(exc).split(": ", 1)[-1]
+        raise QuadletCheckError(
+            f"quadlet: {quadlet} cannot be run ({reason}); point quadlet at Podman's "
+            "generator (/usr/libexec/podman/quadlet)"
+        ) from None
+    if rc != 0:
+        lines = [line for line in err.splitlines() if "Loading source unit file" not in line]
+        detail = " ".join(lines).strip() or f"no diagnostics, exit code {rc}"
+        raise QuadletCheckError(
+            f"the Quadlet generator rejected the units in {unit_dir}: {detail[:MAX_MESSAGE]}",
+            stderr=err,
+            rc=rc,
+        )
+    services: dict[str, dict[str, list[str]]] = {}
+    for name, text in split_dryrun(out).items():
+        try:
+            services[name] = {"exec_start": exec_start(text)}
+        except QuadletOutputError as exc:
+            raise QuadletCheckError(
+                f"the Quadlet generator's ExecStart= for {name} is unreadable: {exc}", stderr=err
+            ) from None
+    produced = {name.rsplit(".", 1)[0] + ".container" for name in services}
+    missing = sorted(expected - produced)
+    if missing:
+        raise QuadletCheckError(
+            f"the Quadlet generator produced no service for {', '.join(missing)}",
+            stderr=err,
+            services=services,
+        )
+    empty = sorted(name for name, service in services.items() if not service["exec_start"])
+    if empty:
+        raise QuadletCheckError(
+            f"the Quadlet generator produced no ExecStart= for {', '.join(empty)}",
+            stderr=err,
+            services=services,
+        )
+    findings = []
+    for name, service in sorted(services.items()):
+        for found in run_time_conflicts(service["exec_start"], allow_privileged):
+            findings.append({**found, "service": name})
+    blocking = [f for f in findings if f["blocking"]]
+    if blocking:
+        raise QuadletCheckError(
+            "; ".join(f"{f['service']}: {f['id']}: {f['message']}" for f in blocking),
+            findings=findings,
+            services=services,
+            stderr=err,
+        )
+    return {"services": services, "findings": findings, "stderr": err}

@@ -65,9 +65,9 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.localinference.vllm.plugins.module_utils._ports import (
-    describe,
     foreign,
     listeners,
+    refusal,
 )
 
 ARGUMENT_SPEC: dict[str, Any] = {
@@ -94,15 +94,7 @@ def main() -> None:
         "foreign": [item.as_dict() for item in strangers],
     }
     if strangers and module.params["fail_on_foreign"]:
-        lines = "; ".join(describe(item) for item in strangers)
-        module.fail_json(
-            msg=(
-                f"{lines}. The new engine would die at bind time after the old one was stopped, so nothing"
-                " was changed. Stop that process (or move it to another port), or set another port in"
-                " vllm_recipe, and run the rollout again."
-            ),
-            **result,
-        )
+        module.fail_json(msg=refusal(strangers), **result)
     module.exit_json(**result)
 
 

@@ -140,6 +140,91 @@ options:
       - Where the C(localinference.slice) unit is written (unified memory). Defaults to O(unit_dir)
         for C(deploy_mode=systemd) and C(/etc/systemd/system) for C(deploy_mode=quadlet).
     type: path
+  stop_live:
+    description:
+      - With C(state=present), first stop the units the live document lists that systemd does
+        not report inactive (the server before its runtime, in reverse start order), one
+        C(systemctl stop) each within O(stop_timeout) (the C(rm) step of the rollout).
+        RV(stopped) names them. In check mode nothing is stopped.
+    type: bool
+    default: false
+  stop_timeout:
+    description: Seconds each C(systemctl stop) may take (the head's server has 120 s to stop).
+    type: float
+    default: 300
+  daemon_reload:
+    description:
+      - With C(state=present), run C(systemctl daemon-reload) when a unit file changed, so
+        systemd (and the Quadlet generator) read the new units. RV(reloaded) says whether it ran.
+    type: bool
+    default: false
+  checks:
+    description:
+      - With C(state=staged), the node-side checks of staging in the same call (one round trip
+        per node), in the order of the suboptions below; each refusal names the node, the cause
+        and the fix, and nothing that runs is touched.
+      - With C(state=verified) (not in check mode), only O(checks.quadlet) and
+        O(checks.unit_states) apply, on the live units.
+    type: dict
+    suboptions:
+      max_load_per_cpu:
+        description:
+          - Refuse a saturated node (F5), one whose 1-minute load (C(/proc/loadavg)) per online CPU
+            is above this, before anything else. Unset, the load is not read.
+        type: float
+      cluster_address:
+        description: Refuse a node whose C(node.address) is on none of its interfaces (C(ip -o addr show)).
+        type: bool
+        default: true
+      help_cache_dir:
+        description:
+          - Where the image's C(vllm serve --help=all) is cached on the node (C(sha256(image).txt));
+            a missing file is asked of the image once (C(podman run --rm --network=none); not in
+            check mode). Every rendered flag is checked against it (C(deploy_mode=quadlet));
+            O(help_text) wins when given.
+        type: path
+      help_timeout:
+        description: Seconds the image may take to print its options (a first pull included).
+        type: float
+        default: 1800
+      quadlet:
+        description:
+          - The node's Quadlet generator, run on the staged units (with C(state=verified), the live
+            ones), with the checks of M(localinference.vllm.quadlet_verify) (F14, F17).
+        type: path
+      ports:
+        description:
+          - On the head, refuse an API, torch-store or Ray port that another process holds (the
+            checks of M(localinference.vllm.port_listeners)).
+        type: bool
+        default: false
+      unit_states:
+        description:
+          - Read the ActiveState of the live units (RV(live_active), RV(live_running)); with
+            C(state=verified), fail unless systemd has loaded every service of RV(start_order).
+        type: bool
+        default: false
+      programs:
+        description: The units' guard programs to install into O(checks.programs_dir) (mode 0755), last.
+        type: list
+        elements: dict
+        default: []
+        suboptions:
+          name:
+            description: File name of the program.
+            type: str
+            required: true
+          content:
+            description: The program's text.
+            type: str
+            required: true
+      programs_dir:
+        description: Where O(checks.programs) go.
+        type: path
+      timeout:
+        description: Seconds every other command may take.
+        type: float
+        default: 60
 author:
   - localinference.vllm developers (@localinference)
 """
@@ -251,6 +336,47 @@ live_findings:
   returned: always
   type: list
   elements: dict
+stopped:
+  description: The live units O(stop_live) stopped (or would stop in check mode), in stop order.
+  returned: with state=present
+  type: list
+  elements: str
+stopped_at:
+  description:
+    - The node's local time (C(%Y-%m-%d %H:%M:%S)) once the old units were stopped, before the new
+      ones were written, where the new boot's log begins (C(journalctl --since)).
+  returned: with state=present
+  type: str
+reloaded:
+  description: Whether O(daemon_reload) ran C(systemctl daemon-reload).
+  returned: with state=present
+  type: bool
+node_load:
+  description: The node's 1-minute load (C(load1)), online CPUs (C(ncpu)) and C(per_cpu), with O(checks.max_load_per_cpu).
+  returned: with checks
+  type: dict
+live_active:
+  description: The ActiveState of each unit of RV(live_start_order) (O(checks.unit_states)).
+  returned: with checks
+  type: dict
+live_running:
+  description: Whether the live document lists units and every one is active (O(checks.unit_states)).
+  returned: with checks
+  type: bool
+quadlet:
+  description: What the Quadlet generator made of the staged units (C(services), C(findings)), with O(checks.quadlet).
+  returned: with checks
+  type: dict
+listeners:
+  description: Who listens on the ports the head's units need (O(checks.ports)).
+  returned: with checks
+  type: list
+  elements: dict
+programs:
+  description: Paths of the guard programs this run installed or would install (O(checks.programs)).
+  returned: with checks
+  type: list
+  elements: str
 memory:
   description:
     - This node's memory need as the admission checks it (C(need_bytes), C(weights_bytes),
@@ -265,10 +391,25 @@ import json
 import os
 import stat
 import tempfile
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
+from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+    CommandError,
+    Runner,
+    timeout_error,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._findings import finding
+from ansible_collections.localinference.vllm.plugins.module_utils._ports import (
+    foreign,
+    listeners,
+    refusal,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._quadlet import (
+    QuadletCheckError,
+    check_units,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
     make_node,
     normalise,
@@ -290,6 +431,17 @@ from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory 
     parse_policy,
     utilization_problems,
     weights_on_disk,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._stage_checks import (
+    StageCheckError,
+    all_active,
+    capture_help,
+    help_cache_file,
+    judge_address,
+    judge_load,
+    not_loaded,
+    read_unit_states,
+    stage_ports,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._state import (
     OWN_UNIT_NAMES,
@@ -393,6 +545,10 @@ class _Files:
         except OSError as exc:
             self.fail(f"{option}: cannot write {path} ({exc.strerror}); check {directory}")
         self.module.atomic_move(tmp, path)
+        try:
+            os.chmod(path, mode)  # atomic_move gives a new file the umask's mode
+        except OSError as exc:
+            self.fail(f"{option}: cannot set the mode of {path} ({exc.strerror})")
         return True
 
     def remove(self, path):
@@ -432,6 +588,152 @@ def _absolute(option, value):
     return value
 
 
+CHECKS_SPEC = {
+    "max_load_per_cpu": {"type": "float"},
+    "cluster_address": {"type": "bool", "default": True},
+    "help_cache_dir": {"type": "path"},
+    "help_timeout": {"type": "float", "default": 1800.0},
+    "quadlet": {"type": "path"},
+    "ports": {"type": "bool", "default": False},
+    "programs": {
+        "type": "list",
+        "elements": "dict",
+        "default": [],
+        "options": {
+            "name": {"type": "str", "required": True},
+            "content": {"type": "str", "required": True},
+        },
+    },
+    "programs_dir": {"type": "path"},
+    "unit_states": {"type": "bool", "default": False},
+    "timeout": {"type": "float", "default": 60.0},
+}
+
+
+def _check_options(checks):
+    """Validate the checks' paths, names and deadlines before anything runs."""
+    for option in ("timeout", "help_timeout"):
+        if timeout_error(checks[option]):
+            raise validate.ValidationError(
+                f"checks.{option}",
+                f"{checks[option]!r} is not a number of seconds above 0 and at most 86400",
+                "give the seconds the command may take",
+            )
+    for option in ("help_cache_dir", "quadlet", "programs_dir"):
+        if checks[option]:
+            checks[option] = _absolute(f"checks.{option}", checks[option])
+    if checks["programs"] and not checks["programs_dir"]:
+        raise validate.ValidationError(
+            "checks.programs_dir", "is not set but checks.programs is", "name the directory"
+        )
+    for index, program in enumerate(checks["programs"]):
+        name = validate.text(f"checks.programs[{index}].name", program["name"], max_length=64)
+        if "/" in name or name in (".", ".."):
+            raise validate.ValidationError(
+                f"checks.programs[{index}].name", f"{name!r} is not a file name", "give a plain name"
+            )
+
+
+def _node_checks(checks, node, runner):
+    """F5 and the cluster address: before anything else is read or written."""
+    found = {}
+    if checks["max_load_per_cpu"] is not None:
+        with open("/proc/loadavg", encoding="ascii", errors="replace") as handle:
+            loadavg = handle.read(4096)
+        found["node_load"] = judge_load(
+            loadavg, os.sysconf("SC_NPROCESSORS_ONLN"), checks["max_load_per_cpu"], node.host
+        )
+    if checks["cluster_address"] and node.address:
+        rc, out, err = runner.run(["ip", "-o", "addr", "show"])
+        if rc != 0:
+            raise StageCheckError(f"{node.host}: ip -o addr show failed (rc {rc}): {err.strip()[:300]}")
+        judge_address(out, node.address, node.host)
+    return found
+
+
+def _cached_help(module, files, checks, recipe):
+    """The image's option list from the node's cache, asked of the image once (None in check mode)."""
+    path = help_cache_file(checks["help_cache_dir"], recipe["image"])
+    try:
+        text = read_text(path, MAX_HELP_BYTES)
+    except StateFileError as exc:
+        raise StageCheckError(f"checks.help_cache_dir: {exc}; remove the file") from None
+    if text is not None or module.check_mode:
+        return text
+    text = capture_help(Runner(checks["help_timeout"]), recipe)
+    files.write(path, text, "checks.help_cache_dir")
+    return text
+
+
+def _staged_checks(module, files, checks, context, runner):
+    """The checks on the staged units and the node's ports and units, then the guard programs."""
+    recipe, node, result = context["recipe"], context["node"], context["result"]
+    if checks["quadlet"] and recipe["deploy_mode"] == "quadlet":
+        with tempfile.TemporaryDirectory(prefix="localinference-quadlet-") as scratch:
+            unit_dir = context["unit_root"]
+            if module.check_mode:  # nothing was written: check the units as rendered
+                unit_dir = scratch
+                for unit in context["units"]:
+                    with open(os.path.join(scratch, unit["name"]), "w", encoding="utf-8") as handle:
+                        handle.write(unit["content"])
+            checked = check_units(unit_dir, checks["quadlet"], recipe["privileged"], checks["timeout"])
+        result["quadlet"] = {"services": checked["services"], "findings": checked["findings"]}
+        for item in checked["findings"]:
+            module.warn(f"{item['service']}: {item['id']}: {item['message']}")
+    if checks["ports"]:
+        ports = stage_ports(recipe, result["document"], node.rank, node.nnodes)
+        try:
+            found = listeners(ports)
+        except OSError as exc:
+            raise StageCheckError(f"cannot read the node's listening sockets from /proc: {exc}") from None
+        result["listeners"] = [item.as_dict() for item in found]
+        strangers = foreign(found, sorted({*result["live_start_order"], *result["start_order"]}))
+        if strangers:
+            raise StageCheckError(refusal(strangers))
+    if checks["unit_states"]:
+        states = read_unit_states(runner, result["live_start_order"])
+        result["live_active"] = {
+            unit: states[unit]["ActiveState"] for unit in result["live_start_order"]
+        }
+        result["live_running"] = all_active(result["live_start_order"], states)
+    installed = []
+    for program in checks["programs"]:
+        path = os.path.join(checks["programs_dir"], program["name"])
+        if files.write(path, program["content"], "checks.programs", mode=0o755):
+            installed.append(path)
+    result["programs"] = installed
+    return bool(installed)
+
+
+def _stop_live(module, runner, units):
+    """Stop the running ``units`` in reverse start order; return those (to be) stopped."""
+    states = read_unit_states(runner, units)
+    running = [u for u in reversed(units) if states[u].get("ActiveState") != "inactive"]
+    if module.check_mode:
+        return running
+    for unit in running:
+        rc, _, err = runner.run(["systemctl", "stop", "--", unit])
+        if rc != 0:
+            raise StageCheckError(f"systemctl stop {unit} failed (rc {rc}): {err.strip()[:300]}")
+    return running
+
+
+def _live_checks(module, checks, recipe, unit_dir, result, runner):
+    """state=verified: the live units pass the node's generator and systemd loaded every service."""
+    if checks["quadlet"] and recipe["deploy_mode"] == "quadlet":
+        checked = check_units(unit_dir, checks["quadlet"], recipe["privileged"], checks["timeout"])
+        result["quadlet"] = {"services": checked["services"], "findings": checked["findings"]}
+        for item in checked["findings"]:
+            module.warn(f"{item['service']}: {item['id']}: {item['message']}")
+    if checks["unit_states"]:
+        missing = not_loaded(result["start_order"], read_unit_states(runner, result["start_order"]))
+        if missing:
+            raise StageCheckError(
+                f"systemd has no loaded service for {', '.join(missing)}: the units are written but "
+                "were not read (run systemctl daemon-reload, or the rollout again)"
+            )
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -463,11 +765,18 @@ def main():
             "help_text": {"type": "path"},
             "guards": {"type": "dict"},
             "slice_dir": {"type": "path"},
+            "checks": {"type": "dict", "options": CHECKS_SPEC},
+            "stop_live": {"type": "bool", "default": False},
+            "stop_timeout": {"type": "float", "default": 300.0},
+            "daemon_reload": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
     params = module.params
     state = params["state"]
+    checks = params["checks"]
+    if checks is not None and state not in ("staged", "verified"):
+        module.fail_json(msg=f"checks: only with state=staged or verified (state is {state}); remove checks")
     try:
         recipe = normalise(params["recipe"], params["plan_max_model_len"])
         node = make_node(params["node"])
@@ -479,12 +788,28 @@ def main():
             params["venv_dir"] or f"/opt/localinference/vllm-{recipe.get('vllm_version', 'unset')}",
         )
         help_path = params["help_text"] and _absolute("help_text", params["help_text"])
+        if checks is not None:
+            _check_options(checks)
     except validate.ValidationError as exc:
         module.fail_json(msg=str(exc))
     if not 0 <= node.rank < node.nnodes:
         module.fail_json(
             msg=f"node.rank {node.rank} is outside 0..{node.nnodes - 1}; the head is rank 0"
         )
+    if (params["stop_live"] or params["daemon_reload"]) and state != "present":
+        module.fail_json(msg=f"stop_live and daemon_reload: only with state=present (state is {state})")
+    if timeout_error(params["stop_timeout"]):
+        module.fail_json(
+            msg=f"stop_timeout: {params['stop_timeout']!r} is not a number of seconds above 0 and at "
+            "most 86400; give the seconds one systemctl stop may take"
+        )
+    runner = Runner(checks["timeout"] if checks is not None else params["stop_timeout"])
+    checked = {}
+    if checks is not None and state == "staged":
+        try:
+            checked = _node_checks(checks, node, runner)
+        except (StageCheckError, CommandError) as exc:
+            module.fail_json(msg=str(exc))
     try:
         layout = layout_problems(recipe, node)
     except RecipeInputError as exc:
@@ -543,9 +868,11 @@ def main():
         "differences": live_diff,
         "live_findings": findings,
         "memory": memory,
+        **checked,
     }
     files = _Files(module, result)
 
+    text = None
     if help_path and state != "absent":
         try:
             text = read_text(help_path, MAX_HELP_BYTES)
@@ -553,6 +880,12 @@ def main():
             module.fail_json(msg=f"help_text: {exc}", **result)
         if text is None:
             module.fail_json(msg=f"help_text {help_path} does not exist", **result)
+    elif state == "staged" and checks and checks["help_cache_dir"] and recipe["deploy_mode"] == "quadlet":
+        try:
+            text = _cached_help(module, files, checks, recipe)
+        except (StageCheckError, CommandError) as exc:
+            module.fail_json(msg=str(exc), **result)
+    if text is not None:
         argv = (document["server_argv"] or []) + recipe["extra_args"]
         unknown = unknown_flags(argv, parse_help_flags(text))
         if unknown:
@@ -590,23 +923,46 @@ def main():
                 removed, problem = files.remove(os.path.join(unit_root, name))
                 changed |= removed
                 refused += [problem] if problem else []
+        if checks is not None:
+            context = {"recipe": recipe, "node": node, "result": result, "unit_root": unit_root,
+                       "units": wanted["units"]}
+            try:
+                changed |= _staged_checks(module, files, checks, context, runner)
+            except QuadletCheckError as exc:
+                module.fail_json(msg=str(exc), **{**result, "quadlet": exc.extra})
+            except (StageCheckError, CommandError) as exc:
+                module.fail_json(msg=str(exc), **result)
         result["changed"] = changed
     elif state == "present":
         files.require_file(state_path, "path")
         for unit in wanted["units"]:
             files.require_file(unit["path"], "unit_dir")
-        changed = False
+        result["stopped"], result["reloaded"] = [], False
+        if params["stop_live"]:
+            try:
+                result["stopped"] = _stop_live(module, runner, trusted["start_order"])
+            except (StageCheckError, CommandError) as exc:
+                module.fail_json(msg=str(exc), **result)
+        # Where the new boot's log begins (journalctl --since, the node's local time).
+        result["stopped_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        changed = bool(result["stopped"])
+        units_changed = False
         if trusted["valid"] and trusted["recipe_hash"] != document["recipe_hash"]:
             changed |= files.write(previous_path, dump(live), "path")
         names = {u["path"] for u in wanted["units"]}
         for unit in trusted["units"]:
             if unit["path"] not in names:
                 removed, problem = files.remove(unit["path"])
-                changed |= removed
+                units_changed |= removed
                 refused += [problem] if problem else []
         for unit in wanted["units"]:
-            changed |= files.write(unit["path"], unit["content"], "unit_dir")
-        changed |= files.write(state_path, dump(document), "path")
+            units_changed |= files.write(unit["path"], unit["content"], "unit_dir")
+        changed |= units_changed | files.write(state_path, dump(document), "path")
+        if params["daemon_reload"] and units_changed and not module.check_mode:
+            rc, _, err = runner.run(["systemctl", "daemon-reload"])
+            if rc != 0:
+                module.fail_json(msg=f"systemctl daemon-reload failed (rc {rc}): {err.strip()[:300]}", **result)
+            result["reloaded"] = True
         result["changed"] = changed
     elif state == "absent":
         changed = False
@@ -622,6 +978,13 @@ def main():
             + "; ".join(live_diff),
             **result,
         )
+    elif checks is not None and not module.check_mode:
+        try:
+            _live_checks(module, checks, recipe, unit_dir, result, runner)
+        except QuadletCheckError as exc:
+            module.fail_json(msg=str(exc), **{**result, "quadlet": exc.extra})
+        except (StageCheckError, CommandError) as exc:
+            module.fail_json(msg=str(exc), **result)
     findings += [
         finding("F10", "warning", problem, "remove it by hand if it is stale")
         for problem in refused

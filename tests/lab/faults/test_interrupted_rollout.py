@@ -3,7 +3,7 @@
 """Rollouts cut short or refused, and the next run recovering by itself.
 
 1. The controller is interrupted (Ctrl-C) after the old units were stopped and
-   removed, before the new ones start: the endpoint is down, and the next
+   replaced by the new recipe's, before the new ones start: the endpoint is down, and the next
    rollout of the same recipe brings it up with nothing done by hand.
 2. A corrupt image reference is refused while staging, naming the image;
    nothing running is touched.
@@ -32,7 +32,7 @@ from lab.harness import (
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_hosts")]
 
 # The task after which the old units are gone and the new ones not yet started.
-AFTER_RM = "Apply | rm - remove the old unit files"
+AFTER_RM = "Apply | rm - stop the old units; update - write the reconciled state and units"
 
 
 def interrupt_after(marker: str, recipe: dict) -> PlaybookRun:
