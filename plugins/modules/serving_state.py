@@ -579,6 +579,14 @@ def _mem_total(module):
         module.fail_json(msg=f"guards: cannot read MemTotal from /proc/meminfo ({exc})")
 
 
+# Where the serve role takes each node value from, named in a refusal of that value.
+NODE_SOURCES = {
+    "address": "serve_cluster_address, else the fabric stage's primary_ip",
+    "head_address": "the head's serve_cluster_address, else its fabric stage's primary_ip",
+    "weights_path": "serve_weights_path, else model_weights_path",
+}
+
+
 def _absolute(option, value):
     value = validate.text(option, value, max_length=validate.MAX_PATH)
     if not value.startswith("/"):
@@ -779,7 +787,13 @@ def main():
         module.fail_json(msg=f"checks: only with state=staged or verified (state is {state}); remove checks")
     try:
         recipe = normalise(params["recipe"], params["plan_max_model_len"])
-        node = make_node(params["node"])
+        try:
+            node = make_node(params["node"])
+        except validate.ValidationError as exc:
+            source = NODE_SOURCES.get(exc.name.split(".")[1] if exc.name.startswith("node.") else "")
+            if source:
+                exc = validate.ValidationError(exc.name, exc.problem, f"{exc.fix} (the serve role takes it from {source})")
+            raise exc from None
         state_path = _absolute("path", params["path"])
         staging_dir = _absolute("staging_dir", params["staging_dir"])
         unit_dir = validate.path("unit_dir", params["unit_dir"] or UNIT_DIRS[recipe["deploy_mode"]])
