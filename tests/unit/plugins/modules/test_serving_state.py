@@ -21,15 +21,6 @@ RECIPE = {
 }
 
 
-@pytest.fixture
-def paths(tmp_path):
-    return {
-        "path": str(tmp_path / "etc" / "serving.json"),
-        "staging_dir": str(tmp_path / "etc" / "staging"),
-        "unit_dir": str(tmp_path / "units"),
-    }
-
-
 def args(paths, state, rank=1, **recipe):
     return {
         "recipe": {**RECIPE, **recipe},

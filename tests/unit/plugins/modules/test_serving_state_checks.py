@@ -50,15 +50,6 @@ def node_bin(tmp_path, monkeypatch):
     return bin_dir
 
 
-@pytest.fixture
-def paths(tmp_path):
-    return {
-        "path": str(tmp_path / "etc" / "serving.json"),
-        "staging_dir": str(tmp_path / "etc" / "staging"),
-        "unit_dir": str(tmp_path / "units"),
-    }
-
-
 def staged(paths, checks, rank=0, nnodes=2, address="10.77.0.11", **recipe):
     arguments = args(paths, "staged", rank=rank, **recipe)
     arguments["node"].update(nnodes=nnodes, address=address)
