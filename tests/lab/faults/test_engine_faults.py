@@ -36,6 +36,8 @@ def test_every_serving_unit_restarts_whatever_the_exit_status():
         assert restart.strip() == "always", f"{host}: Restart={restart.strip()} (F11 needs always)"
 
 
+# 183 s in the clean-clone CI of fc0e979 (make test-lab-extended): CI ran past the hour.
+@pytest.mark.extended
 def test_an_engine_that_exits_0_is_restarted_and_a_rollout_recovers_the_cluster():
     """F11 on a running endpoint: the head's engine shuts down cleanly (exit 0, as seed 000's
     orphaned launcher left it). systemd restarts it (Restart=always) and records nothing; with
