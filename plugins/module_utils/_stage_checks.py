@@ -6,7 +6,7 @@ Staging runs them in the same module call that renders the recipe
 (``serving_state state=staged``, option ``checks``): one round trip per node
 instead of a dozen. The readers take the node's raw text (``/proc/loadavg``,
 ``ip -o addr show``, ``systemctl show``) so the judgement is tested on recorded
-output; nothing here runs a command except :func:`read_active_states` and
+output; nothing here runs a command except :func:`read_unit_states` and
 :func:`capture_help`, which take the module's bounded runner.
 """
 

@@ -618,6 +618,24 @@ CHECKS_SPEC = {
 }
 
 
+def _refused_or(module, result, step, *args):
+    """``step(*args)``; a refusal or a command that failed ends the module with its message."""
+    try:
+        return step(*args)
+    except QuadletCheckError as exc:
+        module.fail_json(msg=str(exc), **{**result, "quadlet": exc.extra})
+    except (StageCheckError, CommandError) as exc:
+        module.fail_json(msg=str(exc), **result)
+
+
+def _quadlet_check(module, checks, recipe, unit_dir, result):
+    """The node's Quadlet generator on ``unit_dir`` (F14, F17); findings that do not block are warnings."""
+    checked = check_units(unit_dir, checks["quadlet"], recipe["privileged"], checks["timeout"])
+    result["quadlet"] = {"services": checked["services"], "findings": checked["findings"]}
+    for item in checked["findings"]:
+        module.warn(f"{item['service']}: {item['id']}: {item['message']}")
+
+
 def _check_options(checks):
     """Validate the checks' paths, names and deadlines before anything runs."""
     for option in ("timeout", "help_timeout"):
@@ -684,10 +702,7 @@ def _staged_checks(module, files, checks, context, runner):
                 for unit in context["units"]:
                     with open(os.path.join(scratch, unit["name"]), "w", encoding="utf-8") as handle:
                         handle.write(unit["content"])
-            checked = check_units(unit_dir, checks["quadlet"], recipe["privileged"], checks["timeout"])
-        result["quadlet"] = {"services": checked["services"], "findings": checked["findings"]}
-        for item in checked["findings"]:
-            module.warn(f"{item['service']}: {item['id']}: {item['message']}")
+            _quadlet_check(module, checks, recipe, unit_dir, result)
     if checks["ports"]:
         ports = stage_ports(recipe, result["document"], node.rank, node.nnodes)
         try:
@@ -729,10 +744,7 @@ def _stop_live(module, runner, units):
 def _live_checks(module, checks, recipe, unit_dir, result, runner):
     """state=verified: the live units pass the node's generator and systemd loaded every service."""
     if checks["quadlet"] and recipe["deploy_mode"] == "quadlet":
-        checked = check_units(unit_dir, checks["quadlet"], recipe["privileged"], checks["timeout"])
-        result["quadlet"] = {"services": checked["services"], "findings": checked["findings"]}
-        for item in checked["findings"]:
-            module.warn(f"{item['service']}: {item['id']}: {item['message']}")
+        _quadlet_check(module, checks, recipe, unit_dir, result)
     if checks["unit_states"]:
         missing = not_loaded(result["start_order"], read_unit_states(runner, result["start_order"]))
         if missing:
@@ -820,10 +832,7 @@ def main():
     runner = Runner(checks["timeout"] if checks is not None else params["stop_timeout"])
     checked = {}
     if checks is not None and state == "staged":
-        try:
-            checked = _node_checks(checks, node, runner)
-        except (StageCheckError, CommandError) as exc:
-            module.fail_json(msg=str(exc))
+        checked = _refused_or(module, {}, _node_checks, checks, node, runner)
     try:
         layout = layout_problems(recipe, node)
     except RecipeInputError as exc:
@@ -895,10 +904,7 @@ def main():
         if text is None:
             module.fail_json(msg=f"help_text {help_path} does not exist", **result)
     elif state == "staged" and checks and checks["help_cache_dir"] and recipe["deploy_mode"] == "quadlet":
-        try:
-            text = _cached_help(module, files, checks, recipe)
-        except (StageCheckError, CommandError) as exc:
-            module.fail_json(msg=str(exc), **result)
+        text = _refused_or(module, result, _cached_help, module, files, checks, recipe)
     if text is not None:
         argv = (document["server_argv"] or []) + recipe["extra_args"]
         unknown = unknown_flags(argv, parse_help_flags(text))
@@ -940,12 +946,7 @@ def main():
         if checks is not None:
             context = {"recipe": recipe, "node": node, "result": result, "unit_root": unit_root,
                        "units": wanted["units"]}
-            try:
-                changed |= _staged_checks(module, files, checks, context, runner)
-            except QuadletCheckError as exc:
-                module.fail_json(msg=str(exc), **{**result, "quadlet": exc.extra})
-            except (StageCheckError, CommandError) as exc:
-                module.fail_json(msg=str(exc), **result)
+            changed |= _refused_or(module, result, _staged_checks, module, files, checks, context, runner)
         result["changed"] = changed
     elif state == "present":
         files.require_file(state_path, "path")
@@ -953,10 +954,7 @@ def main():
             files.require_file(unit["path"], "unit_dir")
         result["stopped"], result["reloaded"] = [], False
         if params["stop_live"]:
-            try:
-                result["stopped"] = _stop_live(module, runner, trusted["start_order"])
-            except (StageCheckError, CommandError) as exc:
-                module.fail_json(msg=str(exc), **result)
+            result["stopped"] = _refused_or(module, result, _stop_live, module, runner, trusted["start_order"])
         # Where the new boot's log begins (journalctl --since, the node's local time).
         result["stopped_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
         changed = bool(result["stopped"])
@@ -993,12 +991,7 @@ def main():
             **result,
         )
     elif checks is not None and not module.check_mode:
-        try:
-            _live_checks(module, checks, recipe, unit_dir, result, runner)
-        except QuadletCheckError as exc:
-            module.fail_json(msg=str(exc), **{**result, "quadlet": exc.extra})
-        except (StageCheckError, CommandError) as exc:
-            module.fail_json(msg=str(exc), **result)
+        _refused_or(module, result, _live_checks, module, checks, recipe, unit_dir, result, runner)
     findings += [
         finding("F10", "warning", problem, "remove it by hand if it is stale")
         for problem in refused
