@@ -54,13 +54,16 @@ def _check_finite(value: Any, where: str) -> None:
             _check_finite(item, f"{where}[{index}]")
 
 
-def document(stage: str, inputs: Any, result: dict[str, Any]) -> dict[str, Any]:
+def document(stage: str, inputs: Any, result: dict[str, Any], live: dict[str, Any] | None = None) -> dict[str, Any]:
     if stage not in STAGES:
         raise StageResultError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
     if not isinstance(result, dict):
         raise StageResultError(f"result must be a mapping, got {type(result).__name__}")
     _check_finite(result, "result")
-    return {"schema": SCHEMA, "stage": stage, "inputs_hash": inputs_hash(inputs), "result": result}
+    doc = {"schema": SCHEMA, "stage": stage, "inputs_hash": inputs_hash(inputs), "result": result}
+    if live is not None:
+        doc["live"] = live
+    return doc
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -92,8 +95,77 @@ def check_document(text: str | bytes, stage: str, where: str) -> dict[str, Any]:
         problems.append("result is not a mapping")
     if problems:
         raise StageResultError(f"{where} cannot be trusted: {'; '.join(problems)}; {fix}")
+    if "live" in doc:
+        check_live(doc["live"], where)
     return doc
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
+
+
+# --- converged: a saved result that still holds on the node ------------------
+# A stage may record, when it saves its result, the sha256 of the files it
+# wrote or read on the node and the enablement of the units it runs
+# (``watch_files``, ``watch_units``).  A later run is *converged* for that stage
+# when the saved inputs hash equals this run's and every watched file and unit
+# is as recorded (units also active): the stage then has nothing to do.
+
+
+def live_record(files: dict[str, str | None], units: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """The ``live`` part of a saved document: file digests (None: absent) and unit enablement."""
+    return {
+        "files": dict(sorted(files.items())),
+        "units": {name: units[name].get("UnitFileState", "") for name in sorted(units)},
+    }
+
+
+def check_live(live: Any, where: str) -> dict[str, Any]:
+    """Schema-check a saved ``live`` record (anything read back from a node is checked)."""
+    fix = "re-run the stage to write it again"
+    if not isinstance(live, dict) or set(live) != {"files", "units"}:
+        raise StageResultError(f"{where}: live is not a mapping of files and units; {fix}")
+    files, units = live["files"], live["units"]
+    if not isinstance(files, dict) or not all(
+        isinstance(k, str) and (v is None or (isinstance(v, str) and _HASH.match(v))) for k, v in files.items()
+    ):
+        raise StageResultError(f"{where}: live.files is not a mapping of paths to sha256 digests; {fix}")
+    if not isinstance(units, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in units.items()):
+        raise StageResultError(f"{where}: live.units is not a mapping of units to their enablement; {fix}")
+    return live
+
+
+def judge_converged(
+    doc: dict[str, Any] | None,
+    want_hash: str,
+    files: dict[str, str | None],
+    units: dict[str, dict[str, str]],
+    secrets_differ: list[str] | tuple[str, ...] = (),
+) -> str | None:
+    """Why the stage must run (one sentence), or None when its saved result still holds.
+
+    ``secrets_differ`` names the files that do not hold this run's secret (compared
+    on the node, never recorded).
+    """
+    if doc is None:
+        return "no saved result"
+    if doc["inputs_hash"] != want_hash:
+        return "its inputs changed (variables, the collection's code or what it reads)"
+    live = doc.get("live")
+    if live is None:
+        return "the saved result records no live state"
+    if set(live["files"]) != set(files) or set(live["units"]) != set(units):
+        return "it watches other files or units than the saved result records"
+    for path in sorted(files):
+        if files[path] != live["files"][path]:
+            state = "is missing" if files[path] is None else "changed"
+            return f"{path} {state} since the stage last ran"
+    for name in sorted(units):
+        fields = units[name]
+        if fields.get("ActiveState") != "active":
+            return f"{name} is {fields.get('ActiveState') or 'unknown'}, not active"
+        if fields.get("UnitFileState", "") != live["units"][name]:
+            return f"{name} is {fields.get('UnitFileState') or 'not installed'} (was {live['units'][name]})"
+    if secrets_differ:
+        return f"{secrets_differ[0]} does not hold this run's secret"
+    return None

@@ -17,6 +17,11 @@ description:
   - With O(state=read) the document is schema-checked before anything in it is used; a document that
     is not JSON, not a saved result of O(stage), or lacks one of O(required_keys) fails with the path
     and the stage to re-run, never a traceback.
+  - With O(state=present), O(watch_files) and O(watch_units) record the sha256 of files on the node and
+    the enablement of units with the result. O(state=converged) then tells, in one call, whether the
+    stage has nothing to do - the saved inputs hash equals this run's, every watched file has the
+    recorded digest, every watched unit is active and enabled as recorded - and returns the saved
+    result, which the stage publishes instead of doing its work again.
 author:
   - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
@@ -33,10 +38,12 @@ options:
     required: true
     choices: [preflight, fabric, plan, weights, ingress, client, qualify]
   state:
-    description: C(present) saves O(result); C(read) reads and checks the saved document.
+    description:
+      - C(present) saves O(result); C(read) reads and checks the saved document.
+      - C(converged) reads it and compares it with O(inputs) and the node (RV(converged), RV(reason)).
     type: str
     default: present
-    choices: [present, read]
+    choices: [present, read, converged]
   path:
     description: The document; default C(/etc/localinference/<stage>.json).
     type: path
@@ -51,10 +58,45 @@ options:
     type: bool
     default: false
   required_keys:
-    description: Keys the saved C(result) must have (O(state=read)); a missing one fails.
+    description: Keys the saved C(result) must have (O(state=read) and O(state=converged)); a missing one fails.
     type: list
     elements: str
     default: []
+  watch_files:
+    description:
+      - Absolute paths on the node whose sha256 the result records (O(state=present)) or is compared with
+        (O(state=converged)); a missing file is recorded as such.
+    type: list
+    elements: path
+    default: []
+  watch_units:
+    description:
+      - systemd units whose enablement (C(UnitFileState)) the result records; O(state=converged) also
+        requires them active.
+    type: list
+    elements: str
+    default: []
+  watch_secrets:
+    description:
+      - Files on the node that must hold exactly C(content) (O(state=converged)), such as a key file. The
+        comparison happens on the node; neither the content nor a digest of it is recorded or returned.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: Absolute path of the file.
+        type: path
+        required: true
+      content:
+        description: What it must hold.
+        type: str
+        required: true
+        no_log: true
+  timeout:
+    description: Deadline in seconds of the C(systemctl show) call that reads O(watch_units).
+    type: float
+    default: 30
 """
 
 EXAMPLES = r"""
@@ -64,6 +106,15 @@ EXAMPLES = r"""
     inputs: "{{ cluster_network_interfaces }}"
     result:
       env: "{{ cluster_network_env }}"
+
+- name: Nothing to do when the saved ingress result still holds on the head
+  localinference.vllm.stage_result:
+    stage: ingress
+    state: converged
+    inputs: "{{ lookup('localinference.vllm.stage_fingerprint', 'ingress') }}"
+    watch_files: [/etc/caddy/Caddyfile]
+    watch_units: [caddy.service]
+  register: saved_ingress
 
 - name: Read the plan saved on the head
   localinference.vllm.stage_result:
@@ -92,31 +143,63 @@ result:
   description: The saved result (empty when nothing is saved).
   returned: always
   type: dict
+converged:
+  description: Whether the saved result still holds (O(state=converged)).
+  returned: when O(state=converged)
+  type: bool
+reason:
+  description: Why the stage must run, one sentence; null when RV(converged).
+  returned: when O(state=converged)
+  type: str
+  sample: /etc/caddy/Caddyfile changed since the stage last ran
 """
 
+import hashlib
 import os
+import re
 import tempfile
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+    CommandError,
+    Runner,
+    timeout_error,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._stage_checks import parse_unit_show
 from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
     STAGES,
     StageResultError,
     check_document,
     document,
+    judge_converged,
+    live_record,
     render,
 )
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "stage": {"type": "str", "required": True, "choices": list(STAGES)},
-    "state": {"type": "str", "default": "present", "choices": ["present", "read"]},
+    "state": {"type": "str", "default": "present", "choices": ["present", "read", "converged"]},
     "path": {"type": "path"},
     "inputs": {"type": "raw"},
     "result": {"type": "dict"},
     "required": {"type": "bool", "default": False},
     "required_keys": {"type": "list", "elements": "str", "default": [], "no_log": False},
+    "watch_files": {"type": "list", "elements": "path", "default": []},
+    "watch_units": {"type": "list", "elements": "str", "default": []},
+    "watch_secrets": {
+        "type": "list",
+        "elements": "dict",
+        "default": [],
+        "options": {
+            "path": {"type": "path", "required": True},
+            "content": {"type": "str", "required": True, "no_log": True},
+        },
+    },
+    "timeout": {"type": "float", "default": 30.0},
 }
 MAX_BYTES = 16 * 1024 * 1024
+_UNIT = re.compile(r"^[A-Za-z0-9:_.@\\-]+\.(service|socket|target|timer|mount|path)\Z")
 
 
 def _read(path: str) -> bytes | None:
@@ -140,12 +223,84 @@ def _write(module: AnsibleModule, path: str, text: str) -> None:
     module.atomic_move(tmp, path)
 
 
+def _file_digest(path: str) -> str | None:
+    if not os.path.isfile(path):
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1024 * 1024), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _watched(params: dict[str, Any]) -> tuple[dict[str, str | None], dict[str, dict[str, str]]]:
+    """The watched files' digests and the watched units' states, read now."""
+    for path in params["watch_files"]:
+        if not os.path.isabs(path) or "\n" in path:
+            raise StageResultError(f"watch_files: {path!r} is not an absolute path on one line")
+    units = params["watch_units"]
+    for unit in units:
+        if not _UNIT.match(unit):
+            raise StageResultError(f"watch_units: {unit!r} is not a systemd unit name (e.g. caddy.service)")
+    problem = timeout_error(params["timeout"])
+    if problem:
+        raise StageResultError(problem)
+    files = {path: _file_digest(path) for path in params["watch_files"]}
+    states: dict[str, dict[str, str]] = {}
+    if units:
+        try:
+            rc, out, err = Runner(params["timeout"]).run(
+                ["systemctl", "show", "-p", "Id,ActiveState,UnitFileState", "--", *units]
+            )
+        except CommandError as exc:
+            raise StageResultError(str(exc)) from None
+        if rc != 0:
+            raise StageResultError(f"systemctl show {' '.join(units)} failed (rc {rc}): {err.strip()[:300]}")
+        shown = parse_unit_show(out)
+        states = {unit: shown.get(unit, {}) for unit in units}
+    return files, states
+
+
+def _secrets_differ(secrets: list[dict[str, str]]) -> list[str]:
+    differ = []
+    for secret in secrets:
+        path = secret["path"]
+        try:
+            with open(path, "rb") as handle:
+                held = handle.read(MAX_BYTES)
+        except OSError:
+            held = None
+        if held != secret["content"].encode("utf-8"):
+            differ.append(path)
+    return differ
+
+
+def _converged(params: dict[str, Any], raw: bytes | None, where: str) -> dict[str, Any]:
+    stage = params["stage"]
+    doc = check_document(raw, stage, where) if raw is not None else None
+    if doc is not None and any(k not in doc["result"] for k in params["required_keys"]):
+        doc = None  # written by another version: the stage runs and writes it again
+    files, units = _watched(params)
+    want = document(stage, params["inputs"], {})["inputs_hash"]
+    reason = judge_converged(doc, want, files, units, _secrets_differ(params["watch_secrets"]))
+    return {
+        "changed": False,
+        "converged": reason is None,
+        "reason": reason,
+        "found": doc is not None,
+        "inputs_hash": doc["inputs_hash"] if doc else None,
+        "result": doc["result"] if doc else {},
+    }
+
+
 def run(module: AnsibleModule) -> dict[str, Any]:
     params = module.params
     stage = params["stage"]
     path = params["path"] or f"/etc/localinference/{stage}.json"
     where = f"{path} ({stage} result)"
     raw = _read(path)
+    if params["state"] == "converged":
+        return {"path": path, **_converged(params, raw, where)}
     if params["state"] == "read":
         if raw is None:
             if params["required"]:
@@ -170,7 +325,10 @@ def run(module: AnsibleModule) -> dict[str, Any]:
         }
     if params["result"] is None:
         raise StageResultError("result is required with state=present")
-    doc = document(stage, params["inputs"], params["result"])
+    live = None
+    if params["watch_files"] or params["watch_units"]:
+        live = live_record(*_watched(params))
+    doc = document(stage, params["inputs"], params["result"], live)
     text = render(doc)
     before = raw.decode("utf-8", "replace") if raw is not None else ""
     changed = before != text

@@ -1,0 +1,105 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: stage_fingerprint
+short_description: The sha256 of everything a stage's run depends on, computed on the controller
+version_added: 0.7.0
+description:
+  - Hashes the values of every input of a role (each option of its C(meta/argument_specs.yml) entry
+    point, as this run sees it), the collection's code (every file under C(plugins/) and C(roles/)),
+    and O(extra).
+  - A stage saves it as its result's inputs (M(localinference.vllm.stage_result)); a later run whose
+    fingerprint is the same, on a node that still holds the watched files and units, has nothing to do
+    (O(localinference.vllm.stage_result#module:state=converged)). Changing any role variable, upgrading
+    the collection or changing what the stage reads makes the stage run again.
+  - Options marked C(no_log) (an API key) are left out, so no digest of a secret is saved; the stage
+    compares those on the node instead
+    (O(localinference.vllm.stage_result#module:watch_secrets)).
+options:
+  _terms:
+    description: The role's name (C(ingress), C(agent_client), ...).
+    required: true
+  extra:
+    description: Other values the run depends on (digests of what the stage reads).
+    type: raw
+    default: null
+  entry_point:
+    description: The argument specs' entry point whose options are the role's inputs.
+    type: str
+    default: main
+"""
+
+EXAMPLES = r"""
+- name: Nothing to do when the saved result still holds
+  localinference.vllm.stage_result:
+    stage: ingress
+    state: converged
+    inputs: "{{ lookup('localinference.vllm.stage_fingerprint', 'ingress', extra=__key_sha256) }}"
+"""
+
+RETURN = r"""
+_raw:
+  description: One sha256 hex digest.
+  type: list
+  elements: str
+"""
+
+import functools
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
+from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
+    StageResultError,
+    inputs_hash,
+)
+
+COLLECTION = Path(__file__).resolve().parents[2]
+CODE_DIRS = ("plugins", "roles")
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest(root: Path = COLLECTION) -> str:
+    """sha256 over the collection's plugins and roles (path and content of each file)."""
+    digest = hashlib.sha256()
+    for top in CODE_DIRS:
+        for path in sorted((root / top).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def role_inputs(role: str, entry_point: str = "main", root: Path = COLLECTION) -> tuple[str, ...]:
+    """The option names of a role's argument specs entry point, less its no_log ones."""
+    spec = root / "roles" / role / "meta" / "argument_specs.yml"
+    try:
+        doc = yaml.safe_load(spec.read_text(encoding="utf-8"))
+        options = doc["argument_specs"][entry_point].get("options") or {}
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
+        raise AnsibleLookupError(f"stage_fingerprint: no argument specs {entry_point!r} for role {role!r}: {exc}")
+    return tuple(sorted(name for name, spec in options.items() if not (spec or {}).get("no_log")))
+
+
+class LookupModule(LookupBase):
+    def run(self, terms: list[Any], variables: dict[str, Any] | None = None, **kwargs: Any) -> list[str]:
+        unknown = sorted(set(kwargs) - {"extra", "entry_point"})
+        if unknown:
+            raise AnsibleLookupError(f"stage_fingerprint: unknown option {', '.join(unknown)} (extra, entry_point)")
+        if len(terms) != 1 or not isinstance(terms[0], str) or not terms[0].replace("_", "").isalnum():
+            raise AnsibleLookupError(f"stage_fingerprint takes one role name, got {terms!r}")
+        role = terms[0]
+        variables = variables or {}
+        names = [name for name in role_inputs(role, kwargs.get("entry_point", "main")) if name in variables]
+        values = self._templar.template({name: variables[name] for name in names})
+        try:
+            return [
+                inputs_hash({"role": role, "inputs": values, "code": code_digest(), "extra": kwargs.get("extra")})
+            ]
+        except StageResultError as exc:
+            raise AnsibleLookupError(f"stage_fingerprint({role}): {exc}") from None
