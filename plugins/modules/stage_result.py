@@ -78,8 +78,11 @@ options:
     default: []
   watch_secrets:
     description:
-      - Files on the node that must hold exactly C(content) (O(state=converged)), such as a key file. The
-        comparison happens on the node; neither the content nor a digest of it is recorded or returned.
+      - Files on the node that must hold exactly C(content) (O(state=converged)), such as a key file; one
+        final newline on either side is ignored. The comparison happens on the node; neither the content nor
+        a digest of it is recorded or returned.
+      - Give C(content) without its final newline - Ansible masks a no_log value in the module's invocation
+        log only where it appears verbatim, and a newline is logged escaped.
     type: list
     elements: dict
     default: []
@@ -270,7 +273,7 @@ def _secrets_differ(secrets: list[dict[str, str]]) -> list[str]:
                 held = handle.read(MAX_BYTES)
         except OSError:
             held = None
-        if held != secret["content"].encode("utf-8"):
+        if held is None or held.removesuffix(b"\n") != secret["content"].removesuffix("\n").encode("utf-8"):
             differ.append(path)
     return differ
 

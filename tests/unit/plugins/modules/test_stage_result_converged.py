@@ -205,3 +205,9 @@ def test_a_corrupt_saved_document_fails_with_the_stage_to_rerun(node):
     (node / "ingress.json").write_text("{not json")
     out = run_module(stage_result, args(node, "converged"))
     assert out.failed and "--tags ingress" in out.result["msg"]
+
+
+def test_a_secret_given_without_its_final_newline_matches(node):
+    run_module(stage_result, args(node, "present", result={}))
+    secrets = [{"path": str(node / "key.env"), "content": "KEY=Zq7sEcr3tV4lue"}]
+    assert run_module(stage_result, args(node, "converged", watch_secrets=secrets)).result["converged"]
