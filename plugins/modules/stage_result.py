@@ -92,10 +92,9 @@ options:
         type: path
         required: true
       content:
-        description: What it must hold.
+        description: What it must hold (masked in every log).
         type: str
         required: true
-        no_log: true
   timeout:
     description: Deadline in seconds of the C(systemctl show) call that reads O(watch_units).
     type: float
@@ -191,6 +190,8 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "watch_files": {"type": "list", "elements": "path", "default": []},
     "watch_units": {"type": "list", "elements": "str", "default": []},
     "watch_secrets": {
+        # The paths are not secret; each content is (no_log on the suboption).
+        "no_log": False,
         "type": "list",
         "elements": "dict",
         "default": [],
