@@ -25,6 +25,15 @@ options:
     description: Other values the run depends on (digests of what the stage reads).
     type: raw
     default: null
+  files:
+    description:
+      - Files on the controller the run depends on or wrote (a config, a key file, a program - a bare
+        command name is looked up in C(PATH)). Each is identified by its real path, size, modification
+        time and inode, never by its content, so a key file leaves no digest of the key and a
+        large program costs no hashing; a missing file counts as such.
+    type: list
+    elements: str
+    default: []
   entry_point:
     description: The argument specs' entry point whose options are the role's inputs.
     type: str
@@ -48,6 +57,8 @@ _raw:
 
 import functools
 import hashlib
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +97,29 @@ def role_inputs(role: str, entry_point: str = "main", root: Path = COLLECTION) -
     return tuple(sorted(name for name, spec in options.items() if not (spec or {}).get("no_log")))
 
 
+def file_identity(name: str) -> dict[str, Any] | None:
+    """Real path, size, mtime (ns) and inode of a controller file (a bare name is looked up in PATH)."""
+    path = os.path.expanduser(name)
+    if os.sep not in path:
+        path = shutil.which(path) or path
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except OSError:
+        return None
+    return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+
+
 class LookupModule(LookupBase):
     def run(self, terms: list[Any], variables: dict[str, Any] | None = None, **kwargs: Any) -> list[str]:
-        unknown = sorted(set(kwargs) - {"extra", "entry_point"})
+        unknown = sorted(set(kwargs) - {"extra", "entry_point", "files"})
         if unknown:
-            raise AnsibleLookupError(f"stage_fingerprint: unknown option {', '.join(unknown)} (extra, entry_point)")
+            raise AnsibleLookupError(
+                f"stage_fingerprint: unknown option {', '.join(unknown)} (extra, files, entry_point)"
+            )
+        files = kwargs.get("files") or []
+        if not isinstance(files, list) or not all(isinstance(f, str) and f and "\n" not in f for f in files):
+            raise AnsibleLookupError(f"stage_fingerprint: files must be a list of paths, got {files!r}")
         if len(terms) != 1 or not isinstance(terms[0], str) or not terms[0].replace("_", "").isalnum():
             raise AnsibleLookupError(f"stage_fingerprint takes one role name, got {terms!r}")
         role = terms[0]
@@ -99,7 +128,15 @@ class LookupModule(LookupBase):
         values = self._templar.template({name: variables[name] for name in names})
         try:
             return [
-                inputs_hash({"role": role, "inputs": values, "code": code_digest(), "extra": kwargs.get("extra")})
+                inputs_hash(
+                    {
+                        "role": role,
+                        "inputs": values,
+                        "code": code_digest(),
+                        "extra": kwargs.get("extra"),
+                        "files": {name: file_identity(name) for name in files},
+                    }
+                )
             ]
         except StageResultError as exc:
             raise AnsibleLookupError(f"stage_fingerprint({role}): {exc}") from None

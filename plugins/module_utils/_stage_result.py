@@ -112,19 +112,31 @@ def _reject_constant(name: str) -> Any:
 # is as recorded (units also active): the stage then has nothing to do.
 
 
-def live_record(files: dict[str, str | None], units: dict[str, dict[str, str]]) -> dict[str, Any]:
-    """The ``live`` part of a saved document: file digests (None: absent) and unit enablement."""
-    return {
+def live_record(
+    files: dict[str, str | None], units: dict[str, dict[str, str]], fingerprint: str | None = None
+) -> dict[str, Any]:
+    """The ``live`` part of a saved document: file digests (None: absent) and unit enablement.
+
+    ``fingerprint`` is for a stage whose ``inputs_hash`` covers what its result was
+    measured from (the client's opencode version, read by running it): the run's
+    cheap fingerprint is then recorded beside it and compared instead.
+    """
+    live: dict[str, Any] = {
         "files": dict(sorted(files.items())),
         "units": {name: units[name].get("UnitFileState", "") for name in sorted(units)},
     }
+    if fingerprint is not None:
+        live["fingerprint"] = fingerprint
+    return live
 
 
 def check_live(live: Any, where: str) -> dict[str, Any]:
     """Schema-check a saved ``live`` record (anything read back from a node is checked)."""
     fix = "re-run the stage to write it again"
-    if not isinstance(live, dict) or set(live) != {"files", "units"}:
+    if not isinstance(live, dict) or not {"files", "units"} <= set(live) <= {"files", "units", "fingerprint"}:
         raise StageResultError(f"{where}: live is not a mapping of files and units; {fix}")
+    if "fingerprint" in live and not (isinstance(live["fingerprint"], str) and _HASH.match(live["fingerprint"])):
+        raise StageResultError(f"{where}: live.fingerprint is not a sha256 hex digest; {fix}")
     files, units = live["files"], live["units"]
     if not isinstance(files, dict) or not all(
         isinstance(k, str) and (v is None or (isinstance(v, str) and _HASH.match(v))) for k, v in files.items()
@@ -137,23 +149,27 @@ def check_live(live: Any, where: str) -> dict[str, Any]:
 
 def judge_converged(
     doc: dict[str, Any] | None,
-    want_hash: str,
+    want_hash: str | None,
     files: dict[str, str | None],
     units: dict[str, dict[str, str]],
     secrets_differ: list[str] | tuple[str, ...] = (),
+    fingerprint: str | None = None,
 ) -> str | None:
     """Why the stage must run (one sentence), or None when its saved result still holds.
 
-    ``secrets_differ`` names the files that do not hold this run's secret (compared
-    on the node, never recorded).
+    ``want_hash`` (this run's inputs hash) and ``fingerprint`` are compared when
+    given. ``secrets_differ`` names the files that do not hold this run's secret
+    (compared on the node, never recorded).
     """
     if doc is None:
         return "no saved result"
-    if doc["inputs_hash"] != want_hash:
+    if want_hash is not None and doc["inputs_hash"] != want_hash:
         return "its inputs changed (variables, the collection's code or what it reads)"
     live = doc.get("live")
     if live is None:
         return "the saved result records no live state"
+    if fingerprint is not None and live.get("fingerprint") != fingerprint:
+        return "its inputs changed (variables, the collection's code or the files it reads)"
     if set(live["files"]) != set(files) or set(live["units"]) != set(units):
         return "it watches other files or units than the saved result records"
     for path in sorted(files):

@@ -62,6 +62,13 @@ options:
     type: list
     elements: str
     default: []
+  fingerprint:
+    description:
+      - What this run depends on, when O(inputs) cannot be known before the stage runs (the client's
+        inputs include opencode's version, read by running it); only its sha256 is saved, with the
+        watched state (O(state=present)), and compared (O(state=converged)).
+      - With O(state=converged), O(inputs) is compared only when given.
+    type: raw
   watch_files:
     description:
       - Absolute paths on the node whose sha256 the result records (O(state=present)) or is compared with
@@ -174,6 +181,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._stage_result 
     StageResultError,
     check_document,
     document,
+    inputs_hash,
     judge_converged,
     live_record,
     render,
@@ -187,6 +195,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "result": {"type": "dict"},
     "required": {"type": "bool", "default": False},
     "required_keys": {"type": "list", "elements": "str", "default": [], "no_log": False},
+    "fingerprint": {"type": "raw"},
     "watch_files": {"type": "list", "elements": "path", "default": []},
     "watch_units": {"type": "list", "elements": "str", "default": []},
     "watch_secrets": {
@@ -285,8 +294,9 @@ def _converged(params: dict[str, Any], raw: bytes | None, where: str) -> dict[st
     if doc is not None and any(k not in doc["result"] for k in params["required_keys"]):
         doc = None  # written by another version: the stage runs and writes it again
     files, units = _watched(params)
-    want = document(stage, params["inputs"], {})["inputs_hash"]
-    reason = judge_converged(doc, want, files, units, _secrets_differ(params["watch_secrets"]))
+    want = inputs_hash(params["inputs"]) if params["inputs"] is not None else None
+    fingerprint = inputs_hash(params["fingerprint"]) if params["fingerprint"] is not None else None
+    reason = judge_converged(doc, want, files, units, _secrets_differ(params["watch_secrets"]), fingerprint)
     return {
         "changed": False,
         "converged": reason is None,
@@ -330,8 +340,9 @@ def run(module: AnsibleModule) -> dict[str, Any]:
     if params["result"] is None:
         raise StageResultError("result is required with state=present")
     live = None
-    if params["watch_files"] or params["watch_units"]:
-        live = live_record(*_watched(params))
+    if params["watch_files"] or params["watch_units"] or params["fingerprint"] is not None:
+        fingerprint = inputs_hash(params["fingerprint"]) if params["fingerprint"] is not None else None
+        live = live_record(*_watched(params), fingerprint=fingerprint)
     doc = document(stage, params["inputs"], params["result"], live)
     text = render(doc)
     before = raw.decode("utf-8", "replace") if raw is not None else ""

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from ansible.errors import AnsibleLookupError
 from ansible.parsing.dataloader import DataLoader
@@ -97,3 +99,28 @@ def test_the_real_roles_have_inputs():
 def test_an_unknown_option_is_named():
     with pytest.raises(AnsibleLookupError, match="unknown option extras"):
         lookup({}, extras=1)
+
+
+def test_controller_files_count_by_identity_not_content(tmp_path, monkeypatch):
+    key = tmp_path / "key"
+    key.write_text("one\n")
+    first = lookup({}, files=[str(key)])
+    assert lookup({}, files=[str(key)]) == first
+    os.utime(key, ns=(1, 1))
+    assert lookup({}, files=[str(key)]) != first
+    missing = lookup({}, files=[str(tmp_path / "absent")])
+    assert missing != first and stage_fingerprint.file_identity(str(tmp_path / "absent")) is None
+
+
+def test_a_command_name_is_found_in_path(tmp_path, monkeypatch):
+    program = tmp_path / "opencode"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert stage_fingerprint.file_identity("opencode")["path"] == str(program)
+
+
+@pytest.mark.parametrize("files", ["one", [""], ["a\nb"], [1]])
+def test_bad_files_are_refused(files):
+    with pytest.raises(AnsibleLookupError, match="files must be a list of paths"):
+        lookup({}, files=files)

@@ -211,3 +211,23 @@ def test_a_secret_given_without_its_final_newline_matches(node):
     run_module(stage_result, args(node, "present", result={}))
     secrets = [{"path": str(node / "key.env"), "content": "KEY=Zq7sEcr3tV4lue"}]
     assert run_module(stage_result, args(node, "converged", watch_secrets=secrets)).result["converged"]
+
+
+def test_a_fingerprint_is_saved_beside_the_inputs_and_compared_alone(node):
+    """The client: inputs_hash covers what was measured, the fingerprint what the next run can know first."""
+    saved = args(node, "present", inputs={"opencode_version": "1.18.33"}, result={}, fingerprint="run-1")
+    run_module(stage_result, saved)
+    doc = json.loads((node / "ingress.json").read_text())
+    assert doc["inputs_hash"] == inputs_hash({"opencode_version": "1.18.33"})
+    assert doc["live"]["fingerprint"] == inputs_hash("run-1")
+    check = {k: v for k, v in args(node, "converged").items() if k != "inputs"}
+    assert run_module(stage_result, {**check, "fingerprint": "run-1"}).result["converged"]
+    out = run_module(stage_result, {**check, "fingerprint": "run-2"}).result
+    assert not out["converged"] and "inputs changed" in out["reason"]
+
+
+def test_judge_compares_the_fingerprint_when_given():
+    doc = {**SAVED, "live": {**SAVED["live"], "fingerprint": SHA_A}}
+    assert judge_converged(doc, None, FILES, ACTIVE, (), SHA_A) is None
+    assert "inputs changed" in judge_converged(doc, None, FILES, ACTIVE, (), SHA_B)
+    assert "inputs changed" in judge_converged(SAVED, None, FILES, ACTIVE, (), SHA_A)
