@@ -70,6 +70,11 @@ def fabric_drift(
 
 
 @_judgement
+def fabric_watch_commands(settings: dict[str, Any], host: str = "") -> list[list[str]]:
+    return _fabric.watch_commands(_fabric.config(settings))
+
+
+@_judgement
 def fabric_findings(
     settings: dict[str, Any],
     host: str,
@@ -112,6 +117,7 @@ class FilterModule:
             "fabric_ping_targets": fabric_ping_targets,
             "fabric_drift": fabric_drift,
             "fabric_findings": fabric_findings,
+            "fabric_watch_commands": fabric_watch_commands,
             "fabric_publish": fabric_publish,
             "fabric_report": fabric_report,
             "fabric_single_host": fabric_single_host,

@@ -515,6 +515,42 @@ def drift(
     return {"drift": problems, "activate": activate, "findings": out}
 
 
+# --------------------------------------------------------------------------- converged?
+
+# The profile settings the role sets (community.general.nmcli), as nmcli names them.
+PROFILE_FIELDS = (
+    "connection.id",
+    "connection.interface-name",
+    "connection.autoconnect",
+    "802-3-ethernet.mtu",
+    "ipv4.method",
+    "ipv4.addresses",
+    "ipv4.never-default",
+    "ipv4.ignore-auto-dns",
+    "ipv4.ignore-auto-routes",
+    "ipv6.method",
+)
+
+
+def watch_commands(cfg: Mapping[str, Any]) -> list[list[str]]:
+    """The read-only commands whose answers a clean run records and the next run compares.
+
+    Per cluster interface: NetworkManager's device state (managed or not), the
+    profile's settings (wherever NetworkManager stores it: a keyfile, or netplan
+    YAML on Ubuntu), and the running MTU and addresses. Volatile fields
+    (``connection.timestamp``) are left out, so an unchanged node answers the same.
+    """
+    commands = []
+    for iface in cfg["interfaces"]:
+        ifname = iface["ifname"]
+        commands += [
+            ["nmcli", "-g", "GENERAL.STATE", "device", "show", ifname],
+            ["nmcli", "-g", ",".join(PROFILE_FIELDS), "connection", "show", _profile(cfg, ifname)],
+            ["ip", "-j", "addr", "show", "dev", ifname],
+        ]
+    return commands
+
+
 # --------------------------------------------------------------------------- verdict
 
 

@@ -113,13 +113,18 @@ def _reject_constant(name: str) -> Any:
 
 
 def live_record(
-    files: dict[str, str | None], units: dict[str, dict[str, str]], fingerprint: str | None = None
+    files: dict[str, str | None],
+    units: dict[str, dict[str, str]],
+    fingerprint: str | None = None,
+    commands: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The ``live`` part of a saved document: file digests (None: absent) and unit enablement.
 
     ``fingerprint`` is for a stage whose ``inputs_hash`` covers what its result was
     measured from (the client's opencode version, read by running it): the run's
     cheap fingerprint is then recorded beside it and compared instead.
+    ``commands`` maps a read-only command (its argv joined by spaces) to the
+    sha256 of its exit status and output (NetworkManager's view of a profile).
     """
     live: dict[str, Any] = {
         "files": dict(sorted(files.items())),
@@ -127,14 +132,21 @@ def live_record(
     }
     if fingerprint is not None:
         live["fingerprint"] = fingerprint
+    if commands:
+        live["commands"] = dict(sorted(commands.items()))
     return live
 
 
 def check_live(live: Any, where: str) -> dict[str, Any]:
     """Schema-check a saved ``live`` record (anything read back from a node is checked)."""
     fix = "re-run the stage to write it again"
-    if not isinstance(live, dict) or not {"files", "units"} <= set(live) <= {"files", "units", "fingerprint"}:
+    if not isinstance(live, dict) or not {"files", "units"} <= set(live) <= {"files", "units", "fingerprint", "commands"}:
         raise StageResultError(f"{where}: live is not a mapping of files and units; {fix}")
+    commands = live.get("commands", {})
+    if not isinstance(commands, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and _HASH.match(v) for k, v in commands.items()
+    ):
+        raise StageResultError(f"{where}: live.commands is not a mapping of commands to sha256 digests; {fix}")
     if "fingerprint" in live and not (isinstance(live["fingerprint"], str) and _HASH.match(live["fingerprint"])):
         raise StageResultError(f"{where}: live.fingerprint is not a sha256 hex digest; {fix}")
     files, units = live["files"], live["units"]
@@ -154,6 +166,7 @@ def judge_converged(
     units: dict[str, dict[str, str]],
     secrets_differ: list[str] | tuple[str, ...] = (),
     fingerprint: str | None = None,
+    commands: dict[str, str] | None = None,
 ) -> str | None:
     """Why the stage must run (one sentence), or None when its saved result still holds.
 
@@ -170,12 +183,17 @@ def judge_converged(
         return "the saved result records no live state"
     if fingerprint is not None and live.get("fingerprint") != fingerprint:
         return "its inputs changed (variables, the collection's code or the files it reads)"
-    if set(live["files"]) != set(files) or set(live["units"]) != set(units):
-        return "it watches other files or units than the saved result records"
+    commands = commands or {}
+    saved_commands = live.get("commands", {})
+    if set(live["files"]) != set(files) or set(live["units"]) != set(units) or set(saved_commands) != set(commands):
+        return "it watches other files, units or commands than the saved result records"
     for path in sorted(files):
         if files[path] != live["files"][path]:
             state = "is missing" if files[path] is None else "changed"
             return f"{path} {state} since the stage last ran"
+    for command in sorted(commands):
+        if commands[command] != saved_commands[command]:
+            return f"{command} answers otherwise than when the stage last ran"
     for name in sorted(units):
         fields = units[name]
         if fields.get("ActiveState") != "active":

@@ -83,6 +83,14 @@ options:
     type: list
     elements: str
     default: []
+  watch_commands:
+    description:
+      - Read-only commands (argv lists, no shell) whose exit status and output the result records
+        (O(state=present)) or is compared with (O(state=converged)), such as NetworkManager's view of a
+        profile. Each has the deadline O(timeout).
+    type: list
+    elements: list
+    default: []
   watch_secrets:
     description:
       - Files on the node that must hold exactly C(content) (O(state=converged)), such as a key file; one
@@ -198,6 +206,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "fingerprint": {"type": "raw"},
     "watch_files": {"type": "list", "elements": "path", "default": []},
     "watch_units": {"type": "list", "elements": "str", "default": []},
+    "watch_commands": {"type": "list", "elements": "list", "default": []},
     "watch_secrets": {
         # The paths are not secret; each content is (no_log on the suboption).
         "no_log": False,
@@ -244,6 +253,20 @@ def _file_digest(path: str) -> str | None:
         for block in iter(lambda: handle.read(1024 * 1024), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _commands(params: dict[str, Any]) -> dict[str, str]:
+    """The watched commands' exit status and output, as one digest each, read now."""
+    out: dict[str, str] = {}
+    for argv in params["watch_commands"]:
+        if not argv or not all(isinstance(a, str) and a and "\0" not in a and "\n" not in a for a in argv):
+            raise StageResultError(f"watch_commands: {argv!r} is not a command (a list of one-line words)")
+        try:
+            rc, stdout, _ = Runner(params["timeout"]).run(argv)
+        except CommandError as exc:
+            raise StageResultError(str(exc)) from None
+        out[" ".join(argv)] = hashlib.sha256(f"rc={rc}\n{stdout}".encode("utf-8")).hexdigest()
+    return out
 
 
 def _watched(params: dict[str, Any]) -> tuple[dict[str, str | None], dict[str, dict[str, str]]]:
@@ -296,7 +319,9 @@ def _converged(params: dict[str, Any], raw: bytes | None, where: str) -> dict[st
     files, units = _watched(params)
     want = inputs_hash(params["inputs"]) if params["inputs"] is not None else None
     fingerprint = inputs_hash(params["fingerprint"]) if params["fingerprint"] is not None else None
-    reason = judge_converged(doc, want, files, units, _secrets_differ(params["watch_secrets"]), fingerprint)
+    reason = judge_converged(
+        doc, want, files, units, _secrets_differ(params["watch_secrets"]), fingerprint, _commands(params)
+    )
     return {
         "changed": False,
         "converged": reason is None,
@@ -340,9 +365,9 @@ def run(module: AnsibleModule) -> dict[str, Any]:
     if params["result"] is None:
         raise StageResultError("result is required with state=present")
     live = None
-    if params["watch_files"] or params["watch_units"] or params["fingerprint"] is not None:
+    if params["watch_files"] or params["watch_units"] or params["watch_commands"] or params["fingerprint"] is not None:
         fingerprint = inputs_hash(params["fingerprint"]) if params["fingerprint"] is not None else None
-        live = live_record(*_watched(params), fingerprint=fingerprint)
+        live = live_record(*_watched(params), fingerprint=fingerprint, commands=_commands(params))
     doc = document(stage, params["inputs"], params["result"], live)
     text = render(doc)
     before = raw.decode("utf-8", "replace") if raw is not None else ""

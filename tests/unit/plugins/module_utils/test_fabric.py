@@ -373,3 +373,15 @@ def test_recorded_facts_are_what_the_modules_return(tmp_path, monkeypatch):
         " check the fabric judgement against the new shape, then re-record with"
         " LOCALINFERENCE_RECORD=1"
     )
+
+
+def test_watch_commands_read_the_device_the_profile_and_the_running_state_of_each_interface():
+    cfg = CASES["configs"]["twins_head"]
+    commands = F["fabric_watch_commands"](cfg, "spark-head")
+    ifnames = [iface["ifname"] for iface in cfg["interfaces"]]
+    assert len(commands) == 3 * len(ifnames)
+    for ifname, (device, profile, running) in zip(ifnames, zip(*[iter(commands)] * 3)):
+        assert device == ["nmcli", "-g", "GENERAL.STATE", "device", "show", ifname]
+        assert profile[:2] == ["nmcli", "-g"] and profile[3:] == ["connection", "show", f"localinference-{ifname}"]
+        assert "802-3-ethernet.mtu" in profile[2] and "connection.timestamp" not in profile[2]
+        assert running == ["ip", "-j", "addr", "show", "dev", ifname]

@@ -40,8 +40,8 @@ FILES = {"/etc/caddy/Caddyfile": SHA_A, "/etc/x": None}
         (SAVED, inputs_hash("other"), FILES, ACTIVE, [], "its inputs changed"),
         ({**SAVED, "live": None}, H, FILES, ACTIVE, [], "records no live state"),
         ({k: v for k, v in SAVED.items() if k != "live"}, H, FILES, ACTIVE, [], "records no live state"),
-        (SAVED, H, {"/etc/caddy/Caddyfile": SHA_A}, ACTIVE, [], "other files or units"),
-        (SAVED, H, FILES, {}, [], "other files or units"),
+        (SAVED, H, {"/etc/caddy/Caddyfile": SHA_A}, ACTIVE, [], "other files, units or commands"),
+        (SAVED, H, FILES, {}, [], "other files, units or commands"),
         (SAVED, H, {**FILES, "/etc/caddy/Caddyfile": SHA_B}, ACTIVE, [], "/etc/caddy/Caddyfile changed"),
         (SAVED, H, {**FILES, "/etc/caddy/Caddyfile": None}, ACTIVE, [], "/etc/caddy/Caddyfile is missing"),
         (SAVED, H, {**FILES, "/etc/x": SHA_A}, ACTIVE, [], "/etc/x changed"),
@@ -88,6 +88,9 @@ def test_live_record_sorts_and_keeps_only_the_enablement():
         {"files": {"/a": "nothex"}, "units": {}},
         {"files": {"/a": SHA_A}, "units": {"x.service": 1}},
         {"files": [], "units": {}},
+        {"files": {}, "units": {}, "commands": {"ip -j addr": "nothex"}},
+        {"files": {}, "units": {}, "fingerprint": "short"},
+        {"files": {}, "units": {}, "other": 1},
     ],
 )
 def test_a_saved_live_record_is_schema_checked(live):
@@ -231,3 +234,53 @@ def test_judge_compares_the_fingerprint_when_given():
     assert judge_converged(doc, None, FILES, ACTIVE, (), SHA_A) is None
     assert "inputs changed" in judge_converged(doc, None, FILES, ACTIVE, (), SHA_B)
     assert "inputs changed" in judge_converged(SAVED, None, FILES, ACTIVE, (), SHA_A)
+
+
+def test_judge_compares_the_watched_commands():
+    doc = {**SAVED, "live": {**SAVED["live"], "commands": {"nmcli -g ipv4.addresses connection show x": SHA_A}}}
+    same = {"nmcli -g ipv4.addresses connection show x": SHA_A}
+    assert judge_converged(doc, H, FILES, ACTIVE, (), None, same) is None
+    other = {"nmcli -g ipv4.addresses connection show x": SHA_B}
+    assert "answers otherwise" in judge_converged(doc, H, FILES, ACTIVE, (), None, other)
+    assert "other files, units or commands" in judge_converged(doc, H, FILES, ACTIVE, (), None, {})
+    assert "other files, units or commands" in judge_converged(SAVED, H, FILES, ACTIVE, (), None, same)
+
+
+def test_a_watched_command_runs_for_real_and_its_answer_is_compared(tmp_path):
+    profile = tmp_path / "profile"
+    profile.write_text("mtu=9000\n")
+    base = {
+        "stage": "fabric",
+        "path": str(tmp_path / "fabric.json"),
+        "inputs": "fingerprint",
+        "watch_commands": [["cat", str(profile)], ["cat", str(tmp_path / "absent")]],
+    }
+    run_module(stage_result, {**base, "state": "present", "result": {}})
+    doc = json.loads((tmp_path / "fabric.json").read_text())
+    assert sorted(doc["live"]["commands"]) == [f"cat {tmp_path / 'absent'}", f"cat {profile}"]
+    assert run_module(stage_result, {**base, "state": "converged"}).result["converged"]
+    profile.write_text("mtu=1500\n")
+    out = run_module(stage_result, {**base, "state": "converged"}).result
+    assert not out["converged"] and out["reason"] == f"cat {profile} answers otherwise than when the stage last ran"
+    (tmp_path / "absent").write_text("")  # an exit status counts as well as the output
+    profile.write_text("mtu=9000\n")
+    assert "absent answers otherwise" in run_module(stage_result, {**base, "state": "converged"}).result["reason"]
+
+
+@pytest.mark.parametrize("argv", [[], ["nmcli", ""], ["echo", "a\nb"], ["sh", 1]])
+def test_a_watched_command_that_is_not_a_list_of_words_is_refused(tmp_path, argv):
+    args = {"stage": "fabric", "state": "converged", "path": str(tmp_path / "f.json"), "watch_commands": [argv]}
+    out = run_module(stage_result, args)
+    assert out.failed and "watch_commands" in out.result["msg"]
+
+
+def test_a_watched_command_that_hangs_is_bounded(tmp_path):
+    args = {
+        "stage": "fabric",
+        "state": "converged",
+        "path": str(tmp_path / "f.json"),
+        "watch_commands": [["sleep", "30"]],
+        "timeout": 0.5,
+    }
+    out = run_module(stage_result, args)
+    assert out.failed and "did not answer within 0.5 s" in out.result["msg"]
