@@ -111,7 +111,7 @@ options:
         type: str
         required: true
   timeout:
-    description: Deadline in seconds of the C(systemctl show) call that reads O(watch_units).
+    description: Deadline in seconds of each command run (the C(systemctl show) of O(watch_units), each of O(watch_commands)).
     type: float
     default: 30
 """
@@ -313,15 +313,23 @@ def _secrets_differ(secrets: list[dict[str, str]]) -> list[str]:
 
 def _converged(params: dict[str, Any], raw: bytes | None, where: str) -> dict[str, Any]:
     stage = params["stage"]
-    doc = check_document(raw, stage, where) if raw is not None else None
-    if doc is not None and any(k not in doc["result"] for k in params["required_keys"]):
-        doc = None  # written by another version: the stage runs and writes it again
     files, units = _watched(params)
+    doc, untrusted = None, None
+    if raw is not None:
+        try:
+            doc = check_document(raw, stage, where)
+        except StageResultError as exc:
+            # The stage about to run writes it again: asking the user to re-run it would loop.
+            untrusted = f"the saved result cannot be trusted ({exc})"
+    if doc is not None and any(k not in doc["result"] for k in params["required_keys"]):
+        doc, untrusted = None, "the saved result was written by another version"
     want = inputs_hash(params["inputs"]) if params["inputs"] is not None else None
     fingerprint = inputs_hash(params["fingerprint"]) if params["fingerprint"] is not None else None
     reason = judge_converged(
         doc, want, files, units, _secrets_differ(params["watch_secrets"]), fingerprint, _commands(params)
     )
+    if untrusted:
+        reason = untrusted
     return {
         "changed": False,
         "converged": reason is None,
