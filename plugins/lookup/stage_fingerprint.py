@@ -85,7 +85,7 @@ def code_digest(root: Path = COLLECTION) -> str:
     return digest.hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def role_inputs(role: str, entry_point: str = "main", root: Path = COLLECTION) -> tuple[str, ...]:
     """The option names of a role's argument specs entry point, less its no_log ones."""
     spec = root / "roles" / role / "meta" / "argument_specs.yml"
@@ -93,7 +93,9 @@ def role_inputs(role: str, entry_point: str = "main", root: Path = COLLECTION) -
         doc = yaml.safe_load(spec.read_text(encoding="utf-8"))
         options = doc["argument_specs"][entry_point].get("options") or {}
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
-        raise AnsibleLookupError(f"stage_fingerprint: no argument specs {entry_point!r} for role {role!r}: {exc}")
+        raise AnsibleLookupError(
+            f"stage_fingerprint: no argument specs {entry_point!r} for role {role!r}: {exc}"
+        ) from None
     return tuple(sorted(name for name, spec in options.items() if not (spec or {}).get("no_log")))
 
 

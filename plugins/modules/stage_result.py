@@ -183,7 +183,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils._commands impo
     Runner,
     timeout_error,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._stage_checks import parse_unit_show
+from ansible_collections.localinference.vllm.plugins.module_utils._stage_checks import (
+    parse_unit_show,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
     STAGES,
     StageResultError,
@@ -265,7 +267,7 @@ def _commands(params: dict[str, Any]) -> dict[str, str]:
             rc, stdout, _ = Runner(params["timeout"]).run(argv)
         except CommandError as exc:
             raise StageResultError(str(exc)) from None
-        out[" ".join(argv)] = hashlib.sha256(f"rc={rc}\n{stdout}".encode("utf-8")).hexdigest()
+        out[" ".join(argv)] = hashlib.sha256(f"rc={rc}\n{stdout}".encode()).hexdigest()
     return out
 
 

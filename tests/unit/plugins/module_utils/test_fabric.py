@@ -380,7 +380,7 @@ def test_watch_commands_read_the_device_the_profile_and_the_running_state_of_eac
     commands = F["fabric_watch_commands"](cfg, "spark-head")
     ifnames = [iface["ifname"] for iface in cfg["interfaces"]]
     assert len(commands) == 3 * len(ifnames)
-    for ifname, (device, profile, running) in zip(ifnames, zip(*[iter(commands)] * 3)):
+    for ifname, (device, profile, running) in zip(ifnames, zip(*[iter(commands)] * 3, strict=True), strict=True):
         assert device == ["nmcli", "-g", "GENERAL.STATE", "device", "show", ifname]
         assert profile[:2] == ["nmcli", "-g"] and profile[3:] == ["connection", "show", f"localinference-{ifname}"]
         assert "802-3-ethernet.mtu" in profile[2] and "connection.timestamp" not in profile[2]

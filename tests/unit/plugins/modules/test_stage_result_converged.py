@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from typing import ClassVar
 
 import pytest
 from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
@@ -102,8 +103,8 @@ def test_a_saved_live_record_is_schema_checked(live):
 class FakeRunner:
     """systemctl show as the lab head answers it (properties in systemd's own order)."""
 
-    states = {"caddy.service": ("active", "enabled")}
-    calls: list[list[str]] = []
+    states: ClassVar[dict[str, tuple[str, str]]] = {"caddy.service": ("active", "enabled")}
+    calls: ClassVar[list[list[str]]] = []
 
     def __init__(self, timeout):
         self.timeout = timeout
