@@ -264,7 +264,5 @@ def test_hub_source_downloads_on_the_head_and_distributes(stand_in_hub):
         assert "/blobs/" in head_copy  # the hub cache layout vLLM reads offline
         worker_copy = exec_on(WORKER, "sha256sum", f"{HUB_SNAPSHOT}/{rel}").stdout.split()[0]
         assert worker_copy == sha256(HEAD, rel)
-    again = Run(**extra)
-    for host in HOSTS:
-        assert again.changed(host) == 0
-    assert again.result(VERIFY_TASK, WORKER)["hashed"] == 0
+    # The second run stops after each node's re-verify (model_weights_reuse).
+    assert_quiet(Run(**extra), shortcut=True)
