@@ -70,7 +70,7 @@ def fabric_drift(
 
 
 @_judgement
-def fabric_watch_commands(settings: dict[str, Any], host: str = "") -> list[list[str]]:
+def fabric_watch_commands(settings: dict[str, Any]) -> list[list[str]]:
     return _fabric.watch_commands(_fabric.config(settings))
 
 

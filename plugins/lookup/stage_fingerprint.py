@@ -22,7 +22,7 @@ options:
     description: The role's name (C(ingress), C(agent_client), ...).
     required: true
   extra:
-    description: Other values the run depends on (digests of what the stage reads).
+    description: Other values the run depends on that are not role options (the model and revision taken from the recipe).
     type: raw
     default: null
   files:
@@ -43,9 +43,9 @@ options:
 EXAMPLES = r"""
 - name: Nothing to do when the saved result still holds
   localinference.vllm.stage_result:
-    stage: ingress
+    stage: weights
     state: converged
-    inputs: "{{ lookup('localinference.vllm.stage_fingerprint', 'ingress', extra=__key_sha256) }}"
+    fingerprint: "{{ lookup('localinference.vllm.stage_fingerprint', 'model_weights', extra=[model_id, revision]) }}"
 """
 
 RETURN = r"""

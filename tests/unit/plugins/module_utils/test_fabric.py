@@ -377,7 +377,7 @@ def test_recorded_facts_are_what_the_modules_return(tmp_path, monkeypatch):
 
 def test_watch_commands_read_the_device_the_profile_and_the_running_state_of_each_interface():
     cfg = CASES["configs"]["twins_head"]
-    commands = F["fabric_watch_commands"](cfg, "spark-head")
+    commands = F["fabric_watch_commands"](cfg)
     ifnames = [iface["ifname"] for iface in cfg["interfaces"]]
     assert len(commands) == 3 * len(ifnames)
     for ifname, (device, profile, running) in zip(ifnames, zip(*[iter(commands)] * 3, strict=True), strict=True):
