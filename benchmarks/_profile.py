@@ -92,11 +92,15 @@ def profile_tasks_rows(stdout: str) -> list[dict[str, Any]]:
 
 
 def stage_of(play: dict[str, Any]) -> str:
-    """The stage tag of a play (site.yml tags each imported playbook), else its name."""
+    """The stage tag of a play (site.yml tags each imported playbook), else its name up to " - ".
+
+    site.yml's untagged plays ("Site | Nothing to do? - ...", "Site | Record the whole run - ...")
+    each count as one part, whatever host they run on.
+    """
     for stage in STAGES:
         if stage in play.get("tags", []):
             return stage
-    return play.get("name") or "(unnamed play)"
+    return (play.get("name") or "(unnamed play)").split(" - ")[0]
 
 
 def _task_spans(timings: dict[str, Any]) -> list[float]:

@@ -70,6 +70,13 @@ def fabric_drift(
 
 
 @_judgement
+def fabric_jumbo_pings(
+    peers: dict[str, Any], host: str, settings: dict[str, Any], timeout: int | float = 2
+) -> list[list[str]]:
+    return _fabric.jumbo_pings(_fabric.config(settings), host, peers, timeout)
+
+
+@_judgement
 def fabric_watch_commands(settings: dict[str, Any]) -> list[list[str]]:
     return _fabric.watch_commands(_fabric.config(settings))
 
@@ -118,6 +125,7 @@ class FilterModule:
             "fabric_drift": fabric_drift,
             "fabric_findings": fabric_findings,
             "fabric_watch_commands": fabric_watch_commands,
+            "fabric_jumbo_pings": fabric_jumbo_pings,
             "fabric_publish": fabric_publish,
             "fabric_report": fabric_report,
             "fabric_single_host": fabric_single_host,

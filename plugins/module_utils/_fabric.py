@@ -194,6 +194,22 @@ def ping_targets(
     return out
 
 
+def jumbo_pings(
+    cfg: Mapping[str, Any], host: str, peers: Mapping[str, Any], timeout: int | float
+) -> list[list[str]]:
+    """One ``ping`` argv per peer and interface with a full-MTU payload and DF set.
+
+    What a run that skips the fabric stage (the site's record, playbooks/site.yml)
+    runs to prove the link still holds jumbo frames: each must exit 0.
+    """
+    jumbo, _ = payloads(cfg["mtu"])
+    return [
+        ["ping", "-M", "do", "-s", str(jumbo), "-c", "1", "-W", str(timeout), "-I", t["ifname"], t["peer_address"]]
+        for t in ping_targets(cfg, host, peers)
+        if t["size"] == jumbo
+    ]
+
+
 def _not_run(result: Mapping[str, Any]) -> str | None:
     """Why a ping result is not a ping at all (missing binary, exec error), else None.
 

@@ -23,7 +23,7 @@ import re
 from typing import Any
 
 SCHEMA = 1
-STAGES = ("preflight", "fabric", "plan", "weights", "ingress", "client", "qualify")
+STAGES = ("preflight", "fabric", "plan", "weights", "ingress", "client", "qualify", "site")
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -203,3 +203,37 @@ def judge_converged(
     if secrets_differ:
         return f"{secrets_differ[0]} does not hold this run's secret"
     return None
+
+
+# --- watch_recorded: the saved result names what it watches -------------------
+# The site's record (playbooks/site.yml) holds the union of what every stage
+# left on a node; the next run, which has not run the stages, takes the lists
+# from the record itself and checks them all in one call.
+
+
+def recorded_watch(result: dict[str, Any], where: str) -> dict[str, list[Any]]:
+    """The ``watch`` lists a saved result recorded (files, units, commands as argv lists), schema-checked."""
+    fix = "re-run the whole site.yml to write it again"
+    watch = result.get("watch")
+    if not isinstance(watch, dict) or set(watch) != {"files", "units", "commands"}:
+        raise StageResultError(f"{where}: result.watch is not a mapping of files, units and commands; {fix}")
+    files, units, commands = watch["files"], watch["units"], watch["commands"]
+    if not isinstance(files, list) or not all(isinstance(f, str) and f.startswith("/") and "\n" not in f for f in files):
+        raise StageResultError(f"{where}: result.watch.files is not a list of absolute paths; {fix}")
+    if not isinstance(units, list) or not all(isinstance(u, str) for u in units):
+        raise StageResultError(f"{where}: result.watch.units is not a list of unit names; {fix}")
+    if not isinstance(commands, list) or not all(
+        isinstance(c, list) and c and all(isinstance(a, str) and a for a in c) for c in commands
+    ):
+        raise StageResultError(f"{where}: result.watch.commands is not a list of commands (argv lists); {fix}")
+    return {"files": files, "units": units, "commands": commands}
+
+
+def merge_watch(*lists: list[Any]) -> list[Any]:
+    """Concatenate watch lists, first occurrence kept (commands compare as lists)."""
+    out: list[Any] = []
+    for items in lists:
+        for item in items:
+            if item not in out:
+                out.append(item)
+    return out

@@ -36,7 +36,7 @@ options:
     description: The stage whose result this is.
     type: str
     required: true
-    choices: [preflight, fabric, plan, weights, ingress, client, qualify]
+    choices: [preflight, fabric, plan, weights, ingress, client, qualify, site]
   state:
     description:
       - C(present) saves O(result); C(read) reads and checks the saved document.
@@ -110,8 +110,27 @@ options:
         description: What it must hold (masked in every log).
         type: str
         required: true
+  watch_recorded:
+    description:
+      - With O(state=present), the result also records its watch lists as C(result.watch) (C(files),
+        C(units), C(commands)).
+      - With O(state=converged), the lists the saved result recorded are watched as well, so a caller
+        that has not run the stages can check all they left on the node (the site's record of a whole
+        run, C(playbooks/site.yml)).
+    type: bool
+    default: false
+  prove_commands:
+    description:
+      - Commands (argv lists, no shell) that must exit 0 for the result to hold (O(state=converged)), run
+        only once everything else holds, each with the deadline O(timeout); their output is neither
+        recorded nor compared, such as a ping with a jumbo payload and the don't-fragment bit.
+    type: list
+    elements: list
+    default: []
   timeout:
-    description: Deadline in seconds of each command run (the C(systemctl show) of O(watch_units), each of O(watch_commands)).
+    description:
+      - Deadline in seconds of each command run (the C(systemctl show) of O(watch_units), each of
+        O(watch_commands) and O(prove_commands)).
     type: float
     default: 30
 """
@@ -194,6 +213,8 @@ from ansible_collections.localinference.vllm.plugins.module_utils._stage_result 
     inputs_hash,
     judge_converged,
     live_record,
+    merge_watch,
+    recorded_watch,
     render,
 )
 
@@ -220,6 +241,8 @@ ARGUMENT_SPEC: dict[str, Any] = {
             "content": {"type": "str", "required": True, "no_log": True},
         },
     },
+    "watch_recorded": {"type": "bool", "default": False},
+    "prove_commands": {"type": "list", "elements": "list", "default": []},
     "timeout": {"type": "float", "default": 30.0},
 }
 MAX_BYTES = 16 * 1024 * 1024
@@ -257,37 +280,53 @@ def _file_digest(path: str) -> str | None:
     return digest.hexdigest()
 
 
-def _commands(params: dict[str, Any]) -> dict[str, str]:
-    """The watched commands' exit status and output, as one digest each, read now."""
-    out: dict[str, str] = {}
-    for argv in params["watch_commands"]:
+def _check_commands(option: str, commands: list[Any]) -> None:
+    for argv in commands:
         if not argv or not all(isinstance(a, str) and a and "\0" not in a and "\n" not in a for a in argv):
-            raise StageResultError(f"watch_commands: {argv!r} is not a command (a list of one-line words)")
+            raise StageResultError(f"{option}: {argv!r} is not a command (a list of one-line words)")
+
+
+def _commands(commands: list[list[str]], timeout: float) -> dict[str, str]:
+    """The watched commands' exit status and output, as one digest each, read now."""
+    _check_commands("watch_commands", commands)
+    out: dict[str, str] = {}
+    for argv in commands:
         try:
-            rc, stdout, _ = Runner(params["timeout"]).run(argv)
+            rc, stdout, _ = Runner(timeout).run(argv)
         except CommandError as exc:
             raise StageResultError(str(exc)) from None
         out[" ".join(argv)] = hashlib.sha256(f"rc={rc}\n{stdout}".encode()).hexdigest()
     return out
 
 
-def _watched(params: dict[str, Any]) -> tuple[dict[str, str | None], dict[str, dict[str, str]]]:
+def _unproven(commands: list[list[str]], timeout: float) -> str | None:
+    """Why the first of ``commands`` that does not exit 0 fails (one sentence), or None."""
+    for argv in commands:
+        try:
+            rc, stdout, stderr = Runner(timeout).run(argv)
+        except CommandError as exc:
+            return str(exc)
+        if rc != 0:
+            said = (stderr.strip() or stdout.strip()).splitlines()
+            return f"{' '.join(argv)} failed (rc {rc}){': ' + said[-1][:200] if said else ''}"
+    return None
+
+
+def _watched(
+    watch_files: list[str], units: list[str], timeout: float
+) -> tuple[dict[str, str | None], dict[str, dict[str, str]]]:
     """The watched files' digests and the watched units' states, read now."""
-    for path in params["watch_files"]:
+    for path in watch_files:
         if not os.path.isabs(path) or "\n" in path:
             raise StageResultError(f"watch_files: {path!r} is not an absolute path on one line")
-    units = params["watch_units"]
     for unit in units:
         if not _UNIT.match(unit):
             raise StageResultError(f"watch_units: {unit!r} is not a systemd unit name (e.g. caddy.service)")
-    problem = timeout_error(params["timeout"])
-    if problem:
-        raise StageResultError(problem)
-    files = {path: _file_digest(path) for path in params["watch_files"]}
+    files = {path: _file_digest(path) for path in watch_files}
     states: dict[str, dict[str, str]] = {}
     if units:
         try:
-            rc, out, err = Runner(params["timeout"]).run(
+            rc, out, err = Runner(timeout).run(
                 ["systemctl", "show", "-p", "Id,ActiveState,UnitFileState", "--", *units]
             )
         except CommandError as exc:
@@ -313,25 +352,47 @@ def _secrets_differ(secrets: list[dict[str, str]]) -> list[str]:
     return differ
 
 
+def _watch_lists(params: dict[str, Any], recorded: dict[str, list[Any]] | None = None) -> dict[str, list[Any]]:
+    """The options' watch lists, and those ``recorded`` with a saved result (O(watch_recorded))."""
+    recorded = recorded or {"files": [], "units": [], "commands": []}
+    return {
+        "files": merge_watch(params["watch_files"], recorded["files"]),
+        "units": merge_watch(params["watch_units"], recorded["units"]),
+        "commands": merge_watch(params["watch_commands"], recorded["commands"]),
+    }
+
+
 def _converged(params: dict[str, Any], raw: bytes | None, where: str) -> dict[str, Any]:
     stage = params["stage"]
-    files, units = _watched(params)
-    doc, untrusted = None, None
+    _check_commands("prove_commands", params["prove_commands"])
+    doc, untrusted, recorded = None, None, None
     if raw is not None:
         try:
             doc = check_document(raw, stage, where)
+            if params["watch_recorded"]:
+                recorded = recorded_watch(doc["result"], where)
         except StageResultError as exc:
             # The stage about to run writes it again: asking the user to re-run it would loop.
-            untrusted = f"the saved result cannot be trusted ({exc})"
+            doc, untrusted = None, f"the saved result cannot be trusted ({exc})"
     if doc is not None and any(k not in doc["result"] for k in params["required_keys"]):
         doc, untrusted = None, "the saved result was written by another version"
+    watch = _watch_lists(params, recorded)
+    files, units = _watched(watch["files"], watch["units"], params["timeout"])
     want = inputs_hash(params["inputs"]) if params["inputs"] is not None else None
     fingerprint = inputs_hash(params["fingerprint"]) if params["fingerprint"] is not None else None
     reason = judge_converged(
-        doc, want, files, units, _secrets_differ(params["watch_secrets"]), fingerprint, _commands(params)
+        doc,
+        want,
+        files,
+        units,
+        _secrets_differ(params["watch_secrets"]),
+        fingerprint,
+        _commands(watch["commands"], params["timeout"]),
     )
     if untrusted:
         reason = untrusted
+    if reason is None:
+        reason = _unproven(params["prove_commands"], params["timeout"])
     return {
         "changed": False,
         "converged": reason is None,
@@ -347,6 +408,9 @@ def run(module: AnsibleModule) -> dict[str, Any]:
     stage = params["stage"]
     path = params["path"] or f"/etc/localinference/{stage}.json"
     where = f"{path} ({stage} result)"
+    problem = timeout_error(params["timeout"])
+    if problem:
+        raise StageResultError(problem)
     raw = _read(path)
     if params["state"] == "converged":
         return {"path": path, **_converged(params, raw, where)}
@@ -375,10 +439,18 @@ def run(module: AnsibleModule) -> dict[str, Any]:
     if params["result"] is None:
         raise StageResultError("result is required with state=present")
     live = None
-    if params["watch_files"] or params["watch_units"] or params["watch_commands"] or params["fingerprint"] is not None:
+    watch = _watch_lists(params)
+    result = params["result"]
+    if params["watch_recorded"]:
+        result = {**result, "watch": watch}
+    if watch["files"] or watch["units"] or watch["commands"] or params["fingerprint"] is not None:
         fingerprint = inputs_hash(params["fingerprint"]) if params["fingerprint"] is not None else None
-        live = live_record(*_watched(params), fingerprint=fingerprint, commands=_commands(params))
-    doc = document(stage, params["inputs"], params["result"], live)
+        live = live_record(
+            *_watched(watch["files"], watch["units"], params["timeout"]),
+            fingerprint=fingerprint,
+            commands=_commands(watch["commands"], params["timeout"]),
+        )
+    doc = document(stage, params["inputs"], result, live)
     text = render(doc)
     before = raw.decode("utf-8", "replace") if raw is not None else ""
     changed = before != text

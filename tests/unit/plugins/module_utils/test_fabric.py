@@ -385,3 +385,15 @@ def test_watch_commands_read_the_device_the_profile_and_the_running_state_of_eac
         assert profile[:2] == ["nmcli", "-g"] and profile[3:] == ["connection", "show", f"localinference-{ifname}"]
         assert "802-3-ethernet.mtu" in profile[2] and "connection.timestamp" not in profile[2]
         assert running == ["ip", "-j", "addr", "show", "dev", ifname]
+
+
+@pytest.mark.parametrize("case", CASES["ping_targets"], ids=ids("ping_targets"))
+def test_jumbo_pings_are_one_full_payload_ping_per_peer_and_interface_with_df_set(case):
+    """What site.yml's "nothing to do?" runs instead of the fabric stage (prove_commands)."""
+    cfg = settings(case)
+    jumbo = int(cfg["mtu"]) - 28
+    argvs = F["fabric_jumbo_pings"](case["peers"], case["host"], cfg, 3)
+    want = [[ifname, address] for ifname, _, address, size in case["targets"] if size == jumbo]
+    assert [[a[-2], a[-1]] for a in argvs] == want
+    for argv in argvs:
+        assert argv[:10] == ["ping", "-M", "do", "-s", str(jumbo), "-c", "1", "-W", "3", "-I"]
