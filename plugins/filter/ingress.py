@@ -49,6 +49,15 @@ def ingress_key_env_file(key: Any, name: str = "ingress_api_key") -> str:
         raise AnsibleFilterError(str(exc)) from None
 
 
+def ingress_key_valid(key: Any) -> bool:
+    """Whether ``key`` is a key the ingress takes (site.yml's "nothing to do?" must not fail on one)."""
+    try:
+        _ingress.api_key("ingress_api_key", key)
+    except ValidationError:
+        return False
+    return True
+
+
 def ingress_listening(text: Any) -> list[dict[str, Any]]:
     return _ingress.parse_listening(text)
 
@@ -84,6 +93,7 @@ class FilterModule:
             "ingress_config": ingress_config,
             "ingress_models_from_state": ingress_models_from_state,
             "ingress_key_env_file": ingress_key_env_file,
+            "ingress_key_valid": ingress_key_valid,
             "ingress_listening": ingress_listening,
             "ingress_exposure": ingress_exposure,
         }

@@ -124,6 +124,17 @@ def test_bad_keys_are_refused_without_showing_them(case):
         assert case["key"][:8] not in message
 
 
+@pytest.mark.parametrize("case", CASES["key_errors"], ids=lambda c: c["case"])
+def test_a_bad_key_is_not_valid_and_raises_nothing(case):
+    """site.yml's "nothing to do?" asks first, so a bad key makes the stages run (and the ingress say why)."""
+    assert FILTERS["ingress_key_valid"](case["key"]) is False
+
+
+def test_a_good_key_is_valid():
+    assert FILTERS["ingress_key_valid"]("Zq7sEcr3tV4lue-kEy_0123456789abcdef") is True
+    assert FILTERS["ingress_key_valid"]("Zq7sEcr3tV4lue-kEy_0123456789abcdef\n") is True
+
+
 @pytest.mark.parametrize("case", CASES["sockets"], ids=lambda c: c["case"])
 def test_exposure_audit(case):
     sockets = FILTERS["ingress_listening"](case["ss"])
