@@ -52,6 +52,8 @@ LAB_PARTS = {"rollout", "noop", "growth"}
 HEADLINES = (
     ("rollout_first_token_ratio", ("rollout_seconds", "by_hand_tp2_seconds"), "<= 1.3 (1.15)",
      "rollout -> first token / the units' command by hand (TP=2)"),
+    ("rollout_first_token_ratio_cold", ("rollout_seconds", "by_hand_cold_tp2_seconds"), "(no goal)",
+     "the same, by hand after the admission's page-cache drop (F4)"),
     ("noop_ratio", ("noop_seconds", "gather_facts_seconds"), "<= 5 (2)",
      "no-op site.yml / a fact-gathering play"),
     ("verify_ratio", ("cat_seconds", "verify_seconds"), ">= 0.8",
@@ -172,14 +174,14 @@ def run_part(
 
 
 def headline(document: dict[str, Any]) -> str:
-    lines = [f"{'ratio':<28}{'value':>8}  {'goal':<15}{'load':>6}  {'made of':<56}what"]
+    lines = [f"{'ratio':<32}{'value':>8}  {'goal':<15}{'load':>6}  {'made of':<56}what"]
     for key, times, goal, what in HEADLINES:
         value = document.get(key)
         made = ", ".join(f"{t}={document[t]}" for t in times if t in document)
         shown = f"{value:.2f}" if isinstance(value, (int, float)) else "n/a"
         load = (document.get("load_during", {}).get(key) or {}).get("mean")
         load_shown = f"{load:.1f}" if load is not None else ""
-        lines.append(f"{key:<28}{shown:>8}  {goal:<15}{load_shown:>6}  {made:<56}{what}")
+        lines.append(f"{key:<32}{shown:>8}  {goal:<15}{load_shown:>6}  {made:<56}{what}")
     lines.append("(load: the mean 1-minute load average while the part that measured it ran)")
     return "\n".join(lines)
 

@@ -165,14 +165,28 @@ def remove_by_hand() -> None:
         exec_on(host, "podman", "rm", "-f", "-t", "10", BY_HAND_CONTAINER, check=False, timeout=120)
 
 
-def by_hand_boot() -> dict[str, Any]:
-    """The units' own commands started by hand on both hosts: launch -> first streamed token."""
+def server_started_at(head: str = HEAD) -> float:
+    """The head's server unit's last start, as the controller's epoch seconds (the lab hosts share its clock)."""
+    out = exec_on(head, "systemctl", "show", "-p", "ExecMainStartTimestamp", "--value", VLLM_UNIT).stdout.strip()
+    return float(exec_on(head, "date", "-d", out, "+%s.%N").stdout.strip())
+
+
+def by_hand_boot(drop_caches: bool = False) -> dict[str, Any]:
+    """The units' own commands started by hand on both hosts: launch -> first streamed token.
+
+    ``drop_caches``: first what the unified-memory admission does before every
+    start (sync, then drop the page caches: F4), so the engine's imports are
+    cold as in a rollout.
+    """
     argvs = {host: by_hand_argv(unit_argv(host)) for host in HOSTS}
     serves = served_max_model_len()
     for host in (HEAD, WORKER):
         exec_on(host, "systemctl", "stop", VLLM_UNIT, timeout=180)
     if streams_a_token(timeout=10):
         raise LabError("the endpoint still streams with the units stopped: the baseline would lie")
+    if drop_caches:
+        for host in (WORKER, HEAD):
+            exec_on(host, "sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches", timeout=120)
     errors: dict[str, BaseException] = {}
 
     def launch(host: str) -> None:
@@ -242,15 +256,20 @@ def measure(top: int = 15, bare: bool = True) -> dict[str, Any]:
     result: dict[str, Any] = {"load_at_start": round(os.getloadavg()[0], 2)}
     variant = {**base, "max_model_len": served - 1024}
     try:
+        started_wall = time.time()
         forward, run_a, result["rollout_breakdown"] = profiled_rollout(
             "rollout-changed", variant, served - 1024, top
         )
+        # Where A's seconds go: before the head's server starts, and the engine's boot.
+        result["rollout_before_engine_seconds"] = round(server_started_at() - started_wall, 2)
+        result["rollout_engine_boot_seconds"] = round(forward - result["rollout_before_engine_seconds"], 2)
     finally:  # the inventory's recipe comes back even when the changed one failed
         back, run_b, result["rollout_back_breakdown"] = profiled_rollout(
             "rollout-back", base, served, top
         )
     try:
         hand = by_hand_boot()
+        cold = by_hand_boot(drop_caches=True)
     finally:
         # The normal rollout brings the stopped units back, whatever happened above.
         restore, run_r, result["restore_rollout_breakdown"] = profiled_rollout(
@@ -272,6 +291,8 @@ def measure(top: int = 15, bare: bool = True) -> dict[str, Any]:
             "restore_rollout_rc": run_r.rc,
             "rollout_first_token_ratio": round(forward / hand["seconds"], 2),
             "rollout_back_ratio": round(back / hand["seconds"], 2),
+            "by_hand_cold_tp2_seconds": round(cold["seconds"], 2),
+            "rollout_first_token_ratio_cold": round(forward / cold["seconds"], 2),
         }
     )
     if bare:
@@ -295,6 +316,16 @@ def report(result: dict[str, Any]) -> str:
         f"R the rollout bringing the stopped units back -> first streamed token:"
         f" {result['restore_rollout_seconds']:.1f} s (rc={result['restore_rollout_rc']})",
     ]
+    lines.append(
+        f"H' the same by hand after what the unified-memory admission does first (sync, drop the page"
+        f" caches: F4) -> first streamed token: {result['by_hand_cold_tp2_seconds']:.1f} s"
+    )
+    lines.append(
+        f"A's seconds: {result['rollout_before_engine_seconds']:.1f} s before the head's server started"
+        f" (playbook start, plan, staging, stop and replace, the workers' start), then"
+        f" {result['rollout_engine_boot_seconds']:.1f} s of the engine's boot (H' {result['by_hand_cold_tp2_seconds']:.1f} s,"
+        f" H {hand:.1f} s)"
+    )
     if "bare_tp1_seconds" in result:
         lines.append(
             f"C bare vllm serve (TP=1, controller venv) -> first streamed token:"
@@ -303,6 +334,10 @@ def report(result: dict[str, Any]) -> str:
     lines.append(
         f"RATIO A/H: {result['rollout_first_token_ratio']:.2f}   B/H:"
         f" {result['rollout_back_ratio']:.2f}   (goal <= 1.3, stretch 1.15)"
+    )
+    lines.append(
+        f"ratio A/H': {result['rollout_first_token_ratio_cold']:.2f}   (the by-hand boot with the"
+        f" admission's page-cache drop first)"
     )
     if "bare_tp1_seconds" in result:
         lines.append(

@@ -49,9 +49,7 @@ from lab.harness import (
     LAB_DIR,
     MODEL,
     ROOT,
-    VLLM_UNIT,
     LabError,
-    exec_on,
     inventory_var,
     podman,
     run,
@@ -121,15 +119,6 @@ def noop(lab: Lab) -> dict[str, Any]:
     }
 
 
-def server_started_at(lab: Lab) -> float:
-    """The head's server unit's last start, as the controller's epoch seconds."""
-    out = exec_on(
-        lab.head, "systemctl", "show", "-p", "ExecMainStartTimestamp", "--value", VLLM_UNIT
-    ).stdout.strip()
-    stamp = exec_on(lab.head, "date", "-d", out, "+%s.%N").stdout.strip()
-    return float(stamp)
-
-
 def timed_rollout(lab: Lab, recipe: dict[str, Any], serves: int) -> dict[str, Any]:
     """Rollout start -> the head's server start -> first token at ``serves``."""
     started_wall = time.time()
@@ -138,7 +127,7 @@ def timed_rollout(lab: Lab, recipe: dict[str, Any], serves: int) -> dict[str, An
     )
     if run.rc:
         raise LabError(f"{lab.name}: the rollout to max_model_len {serves} failed:\n{run.tail()}")
-    before_engine = server_started_at(lab) - started_wall
+    before_engine = first_token.server_started_at(lab.head) - started_wall
     return {
         "first_token_seconds": round(first, 2),
         "before_engine_seconds": round(before_engine, 2),
