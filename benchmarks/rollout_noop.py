@@ -116,7 +116,15 @@ def profiled_play(
 
 
 def measure(playbook: str = "playbooks/site.yml", top: int = 15) -> dict[str, Any]:
-    """One no-op run and one fact-gathering run, profiled alike; raises LabError when the lab fails."""
+    """One no-op run and one fact-gathering run, profiled alike; raises LabError when the lab fails.
+
+    An unmeasured run comes first: after a rollout or a tagged run (the
+    rollout part runs before this one) the lab has something to do, and that
+    run records the whole run, so the measured one is a no-op.
+    """
+    settle = run_playbook(playbook)
+    if settle.rc:
+        raise LabError(f"{playbook} failed before the no-op was measured:\n{settle.tail()}")
     before = unit_invocations()
     with profiled("noop") as profiler:
         noop = run_playbook(playbook, env=profiler.env)
@@ -130,6 +138,8 @@ def measure(playbook: str = "playbooks/site.yml", top: int = 15) -> dict[str, An
     counters = noop.recap
     return {
         "playbook": playbook,
+        "settle_seconds": round(settle.seconds, 2),
+        "settle_changed": settle.changed(),
         "noop_seconds": round(noop.seconds, 2),
         "gather_facts_seconds": round(facts.seconds, 2),
         "noop_ratio": round(noop.seconds / facts.seconds, 2),
@@ -151,6 +161,8 @@ def measure(playbook: str = "playbooks/site.yml", top: int = 15) -> dict[str, An
 
 def report(result: dict[str, Any]) -> str:
     lines = [
+        f"before it, unmeasured: {result['playbook']} {result.get('settle_seconds', 0):.1f} s,"
+        f" changed={result.get('settle_changed', 0)} (what a rollout run before it left to do)",
         f"no-op {result['playbook']}: {result['noop_seconds']:.1f} s, rc={result['noop_rc']},"
         f" changed={result['changed']}, failed={result['failed']}",
         f"gather_facts play: {result['gather_facts_seconds']:.1f} s, rc={result['gather_facts_rc']}",
