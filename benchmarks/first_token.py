@@ -171,14 +171,13 @@ def server_started_at(head: str = HEAD) -> float:
     return float(exec_on(head, "date", "-d", out, "+%s.%N").stdout.strip())
 
 
-def by_hand_boot(drop_caches: bool = False) -> dict[str, Any]:
-    """The units' own commands started by hand on both hosts: launch -> first streamed token.
+def by_hand_boot(argvs: dict[str, list[str]], drop_caches: bool = False) -> dict[str, Any]:
+    """The units' own commands (``argvs``) started by hand on both hosts: launch -> first streamed token.
 
     ``drop_caches``: first what the unified-memory admission does before every
     start (sync, then drop the page caches: F4), so the engine's imports are
     cold as in a rollout.
     """
-    argvs = {host: by_hand_argv(unit_argv(host)) for host in HOSTS}
     serves = served_max_model_len()
     for host in (HEAD, WORKER):
         exec_on(host, "systemctl", "stop", VLLM_UNIT, timeout=180)
@@ -268,8 +267,10 @@ def measure(top: int = 15, bare: bool = True) -> dict[str, Any]:
             "rollout-back", base, served, top
         )
     try:
-        hand = by_hand_boot()
-        cold = by_hand_boot(drop_caches=True)
+        # Read while the units run (Quadlet removes the container when its unit stops).
+        argvs = {host: by_hand_argv(unit_argv(host)) for host in HOSTS}
+        hand = by_hand_boot(argvs)
+        cold = by_hand_boot(argvs, drop_caches=True)
     finally:
         # The normal rollout brings the stopped units back, whatever happened above.
         restore, run_r, result["restore_rollout_breakdown"] = profiled_rollout(
