@@ -171,21 +171,13 @@ def server_started_at(head: str = HEAD) -> float:
     return float(exec_on(head, "date", "-d", out, "+%s.%N").stdout.strip())
 
 
-def by_hand_boot(argvs: dict[str, list[str]], drop_caches: bool = False) -> dict[str, Any]:
-    """The units' own commands (``argvs``) started by hand on both hosts: launch -> first streamed token.
-
-    ``drop_caches``: first what the unified-memory admission does before every
-    start (sync, then drop the page caches: F4), so the engine's imports are
-    cold as in a rollout.
-    """
+def by_hand_boot(argvs: dict[str, list[str]]) -> dict[str, Any]:
+    """The units' own commands (``argvs``) started by hand on both hosts: launch -> first streamed token."""
     serves = served_max_model_len()
     for host in (HEAD, WORKER):
         exec_on(host, "systemctl", "stop", VLLM_UNIT, timeout=180)
     if streams_a_token(timeout=10):
         raise LabError("the endpoint still streams with the units stopped: the baseline would lie")
-    if drop_caches:
-        for host in (WORKER, HEAD):
-            exec_on(host, "sh", "-c", "sync && echo 3 > /proc/sys/vm/drop_caches", timeout=120)
     errors: dict[str, BaseException] = {}
 
     def launch(host: str) -> None:
@@ -270,7 +262,6 @@ def measure(top: int = 15, bare: bool = True) -> dict[str, Any]:
         # Read while the units run (Quadlet removes the container when its unit stops).
         argvs = {host: by_hand_argv(unit_argv(host)) for host in HOSTS}
         hand = by_hand_boot(argvs)
-        cold = by_hand_boot(argvs, drop_caches=True)
     finally:
         # The normal rollout brings the stopped units back, whatever happened above.
         restore, run_r, result["restore_rollout_breakdown"] = profiled_rollout(
@@ -292,8 +283,6 @@ def measure(top: int = 15, bare: bool = True) -> dict[str, Any]:
             "restore_rollout_rc": run_r.rc,
             "rollout_first_token_ratio": round(forward / hand["seconds"], 2),
             "rollout_back_ratio": round(back / hand["seconds"], 2),
-            "by_hand_cold_tp2_seconds": round(cold["seconds"], 2),
-            "rollout_first_token_ratio_cold": round(forward / cold["seconds"], 2),
         }
     )
     if bare:
@@ -318,14 +307,9 @@ def report(result: dict[str, Any]) -> str:
         f" {result['restore_rollout_seconds']:.1f} s (rc={result['restore_rollout_rc']})",
     ]
     lines.append(
-        f"H' the same by hand after what the unified-memory admission does first (sync, drop the page"
-        f" caches: F4) -> first streamed token: {result['by_hand_cold_tp2_seconds']:.1f} s"
-    )
-    lines.append(
         f"A's seconds: {result['rollout_before_engine_seconds']:.1f} s before the head's server started"
         f" (playbook start, plan, staging, stop and replace, the workers' start), then"
-        f" {result['rollout_engine_boot_seconds']:.1f} s of the engine's boot (H' {result['by_hand_cold_tp2_seconds']:.1f} s,"
-        f" H {hand:.1f} s)"
+        f" {result['rollout_engine_boot_seconds']:.1f} s of the engine's boot (H {hand:.1f} s by hand)"
     )
     if "bare_tp1_seconds" in result:
         lines.append(
@@ -335,10 +319,6 @@ def report(result: dict[str, Any]) -> str:
     lines.append(
         f"RATIO A/H: {result['rollout_first_token_ratio']:.2f}   B/H:"
         f" {result['rollout_back_ratio']:.2f}   (goal <= 1.3, stretch 1.15)"
-    )
-    lines.append(
-        f"ratio A/H': {result['rollout_first_token_ratio_cold']:.2f}   (the by-hand boot with the"
-        f" admission's page-cache drop first)"
     )
     if "bare_tp1_seconds" in result:
         lines.append(
