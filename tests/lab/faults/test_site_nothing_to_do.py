@@ -19,6 +19,8 @@ import pytest
 from lab.harness import (
     HEAD,
     HOSTS,
+    PLAN_RESULT,
+    SERVING_STATE,
     exec_on,
     read_json,
     run_playbook,
@@ -29,7 +31,6 @@ from lab.harness import (
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_hosts")]
 
 SITE = "/etc/localinference/site.json"
-PLAN = "/etc/localinference/plan.json"
 NOTHING_TO_DO = "Site | Nothing to do - every node holds what the last whole run left"
 STAGE_PLAYS = ("Preflight", "Fabric", "Weights", "Plan", "Ingress", "Agent client", "Qualify")
 
@@ -76,7 +77,7 @@ def test_a_whole_run_with_nothing_to_do_stops_after_one_call_per_node():
         head["result"]["stages"]
     )
     # What the head's record watches: every stage's saved result and the services it runs.
-    assert {PLAN, "/etc/localinference/serving.json", "/etc/caddy/Caddyfile"} <= set(
+    assert {PLAN_RESULT, SERVING_STATE, "/etc/caddy/Caddyfile"} <= set(
         head["live"]["files"]
     )
     assert {"caddy.service", "localinference-vllm.service"} <= set(head["live"]["units"])
@@ -96,11 +97,11 @@ def test_a_tagged_run_neither_takes_the_shortcut_nor_records():
 def test_a_change_behind_the_collections_back_makes_every_stage_run_and_says_why():
     whole_run()
     # A harmless edit of a watched file: the plan stage writes it back as it was.
-    exec_on(HEAD, "sh", "-c", f"echo >> {PLAN}")
+    exec_on(HEAD, "sh", "-c", f"echo >> {PLAN_RESULT}")
     before = unit_invocations()
     run = whole_run()
     assert not nothing_to_do(run)
-    assert f"{HEAD}: the stages run - {PLAN} changed since the stage last ran" in run.flat, (
+    assert f"{HEAD}: the stages run - {PLAN_RESULT} changed since the stage last ran" in run.flat, (
         run.tail()
     )
     assert "Preflight" not in skipped_plays(run)

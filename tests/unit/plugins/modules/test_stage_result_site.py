@@ -30,36 +30,27 @@ def node(tmp_path):
     return tmp_path
 
 
+def site(node, state, **extra):
+    """stage_result for the site's record at ``node``: every call gives only its fingerprint."""
+    args = {"stage": "site", "state": state, "path": str(node / "site.json"), "fingerprint": "run-1"}
+    return run_module(stage_result, {**args, "watch_recorded": True, **extra}).result
+
+
 def record(node, **extra):
-    return run_module(
-        stage_result,
-        {
-            "stage": "site",
-            "state": "present",
-            "path": str(node / "site.json"),
-            "fingerprint": "run-1",
-            "watch_recorded": True,
-            "watch_files": [str(node / "plan.json")],
-            "watch_commands": [["cat", str(node / "profile")]],
-            "result": {"routes": ["/v1"]},
-            **extra,
-        },
-    ).result
+    """A whole run: what it left (a file, a command) and its result."""
+    return site(
+        node,
+        "present",
+        watch_files=[str(node / "plan.json")],
+        watch_commands=[["cat", str(node / "profile")]],
+        result={"routes": ["/v1"]},
+        **extra,
+    )
 
 
 def check(node, **extra):
     """The next run: only its fingerprint; the lists come from the record."""
-    return run_module(
-        stage_result,
-        {
-            "stage": "site",
-            "state": "converged",
-            "path": str(node / "site.json"),
-            "fingerprint": "run-1",
-            "watch_recorded": True,
-            **extra,
-        },
-    ).result
+    return site(node, "converged", **extra)
 
 
 def test_the_record_names_its_watch_lists_and_the_next_run_checks_them(node):
