@@ -171,9 +171,14 @@ def server_started_at(head: str = HEAD) -> float:
     return float(exec_on(head, "date", "-d", out, "+%s.%N").stdout.strip())
 
 
-def by_hand_boot(argvs: dict[str, list[str]]) -> dict[str, Any]:
-    """The units' own commands (``argvs``) started by hand on both hosts: launch -> first streamed token."""
-    serves = served_max_model_len()
+def by_hand_boot(argvs: dict[str, list[str]], serves: int, cold: bool = False) -> dict[str, Any]:
+    """The units' own commands (``argvs``) started by hand on both hosts: launch -> first streamed token.
+
+    ``serves`` is the max_model_len the boot must serve (read while the units ran).
+    ``cold``: first what an operator of unified memory does by hand before a start
+    (BRIEF, F4: ``sync; echo 3 > /proc/sys/vm/drop_caches``) on both hosts, inside the
+    timed span, as the rollout's memory admission does in its ExecStartPre.
+    """
     for host in (HEAD, WORKER):
         exec_on(host, "systemctl", "stop", VLLM_UNIT, timeout=180)
     if streams_a_token(timeout=10):
@@ -182,6 +187,8 @@ def by_hand_boot(argvs: dict[str, list[str]]) -> dict[str, Any]:
 
     def launch(host: str) -> None:
         try:
+            if cold:
+                exec_on(host, "sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches", timeout=120)
             exec_on(host, *argvs[host], timeout=300)
         except LabError as err:
             errors[host] = err
@@ -261,7 +268,9 @@ def measure(top: int = 15, bare: bool = True) -> dict[str, Any]:
     try:
         # Read while the units run (Quadlet removes the container when its unit stops).
         argvs = {host: by_hand_argv(unit_argv(host)) for host in HOSTS}
-        hand = by_hand_boot(argvs)
+        hand = by_hand_boot(argvs, served)
+        # The same, after the page-cache drop an operator of unified memory makes by hand first.
+        hand_cold = by_hand_boot(argvs, served, cold=True)
     finally:
         # The normal rollout brings the stopped units back, whatever happened above.
         restore, run_r, result["restore_rollout_breakdown"] = profiled_rollout(
@@ -279,10 +288,14 @@ def measure(top: int = 15, bare: bool = True) -> dict[str, Any]:
             "by_hand_tp2_seconds": round(hand["seconds"], 2),
             "by_hand_load_at_start": hand["load_at_start"],
             "by_hand_argv": hand["argv"],
+            "by_hand_tp2_cold_seconds": round(hand_cold["seconds"], 2),
+            "by_hand_cold_load_at_start": hand_cold["load_at_start"],
             "restore_rollout_seconds": round(restore, 2),
             "restore_rollout_rc": run_r.rc,
             "rollout_first_token_ratio": round(forward / hand["seconds"], 2),
             "rollout_back_ratio": round(back / hand["seconds"], 2),
+            "rollout_first_token_ratio_cold": round(forward / hand_cold["seconds"], 2),
+            "rollout_back_ratio_cold": round(back / hand_cold["seconds"], 2),
         }
     )
     if bare:
@@ -303,13 +316,18 @@ def report(result: dict[str, Any]) -> str:
         f" {result['rollout_back_seconds']:.1f} s (rc={result['rollout_back_rc']})",
         f"H the units' own podman run, started by hand on both hosts (TP=2 mp, no orchestration)"
         f" -> first streamed token: {hand:.1f} s (load {result['by_hand_load_at_start']:.1f})",
+        f"H' the same after `sync; echo 3 > /proc/sys/vm/drop_caches` on both hosts (what an operator of"
+        f" unified memory does by hand before a start, F4; the rollout's admission does it too)"
+        f" -> first streamed token: {result['by_hand_tp2_cold_seconds']:.1f} s"
+        f" (load {result['by_hand_cold_load_at_start']:.1f})",
         f"R the rollout bringing the stopped units back -> first streamed token:"
         f" {result['restore_rollout_seconds']:.1f} s (rc={result['restore_rollout_rc']})",
     ]
     lines.append(
         f"A's seconds: {result['rollout_before_engine_seconds']:.1f} s before the head's server started"
         f" (playbook start, plan, staging, stop and replace, the workers' start), then"
-        f" {result['rollout_engine_boot_seconds']:.1f} s of the engine's boot (H {hand:.1f} s by hand)"
+        f" {result['rollout_engine_boot_seconds']:.1f} s of the engine's boot (H {hand:.1f} s by hand,"
+        f" H' {result['by_hand_tp2_cold_seconds']:.1f} s after the drop)"
     )
     if "bare_tp1_seconds" in result:
         lines.append(
@@ -319,6 +337,10 @@ def report(result: dict[str, Any]) -> str:
     lines.append(
         f"RATIO A/H: {result['rollout_first_token_ratio']:.2f}   B/H:"
         f" {result['rollout_back_ratio']:.2f}   (goal <= 1.3, stretch 1.15)"
+    )
+    lines.append(
+        f"ratio A/H': {result['rollout_first_token_ratio_cold']:.2f}   B/H':"
+        f" {result['rollout_back_ratio_cold']:.2f}   (both boots after the page-cache drop)"
     )
     if "bare_tp1_seconds" in result:
         lines.append(
