@@ -21,7 +21,8 @@ import yaml
 
 from tests.unit.test_one_host_stages import ROOT, _ansible_playbook, pytestmark  # noqa: F401
 
-KEY = "n" * 47 + "n"  # ends in the letter rstrip('\n') in a block scalar would have stripped
+# A valid key (48 characters); it ends in "n", which a stray rstrip of backslashes and n's would cut.
+KEY = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKn"
 PLAY = """
 - hosts: localhost
   gather_facts: false
