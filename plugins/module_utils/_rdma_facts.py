@@ -11,7 +11,9 @@ it is resolved per node from the GID table rather than assumed.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
@@ -226,3 +228,28 @@ def roce_v2_ipv4_index(
             continue
         candidates.append(int(index))
     return min(candidates) if candidates else None
+
+
+def read_sysfs_gids(
+    port_dir: str,
+    read: Callable[[str], str | None],
+    netdev: Callable[[str | None], str | None],
+) -> dict[str, dict[str, str | None]]:
+    """The raw ``gids/N``, ``gid_attrs/types/N`` and ``gid_attrs/ndevs/N`` of one port.
+
+    ``read(path)`` returns a sysfs file's text or None; ``netdev(name)`` keeps a valid
+    interface name. The rdma_facts module and the watchdog read the table this one way.
+    """
+    gids_dir = os.path.join(port_dir, "gids")
+    if not os.path.isdir(gids_dir):
+        return {}
+    entries = {}
+    indices = [name for name in os.listdir(gids_dir) if name.isascii() and name.isdigit()]
+    for index in sorted(indices, key=lambda name: (len(name), name)):
+        entries[index] = {
+            "gid": read(os.path.join(gids_dir, index)),
+            # Reading the type or netdev of an unused slot fails with EINVAL on a real kernel.
+            "type": read(os.path.join(port_dir, "gid_attrs", "types", index)),
+            "netdev": netdev(read(os.path.join(port_dir, "gid_attrs", "ndevs", index))),
+        }
+    return entries

@@ -121,6 +121,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts im
     gid_table,
     parse_ibv_devinfo,
     rdma_device_name,
+    read_sysfs_gids,
     roce_v2_ipv4_index,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
@@ -155,22 +156,6 @@ def _valid_hca(name: str) -> str | None:
         return rdma_device_name("devices", name)
     except ValidationError:
         return None
-
-
-def _sysfs_gids(port_dir: str) -> dict[str, dict[str, str | None]]:
-    gids_dir = os.path.join(port_dir, "gids")
-    if not os.path.isdir(gids_dir):
-        return {}
-    entries = {}
-    indices = [name for name in os.listdir(gids_dir) if name.isascii() and name.isdigit()]
-    for index in sorted(indices, key=lambda name: (len(name), name)):
-        entries[index] = {
-            "gid": _read(os.path.join(gids_dir, index)),
-            # Reading the type or netdev of an unused slot fails with EINVAL on a real kernel.
-            "type": _read(os.path.join(port_dir, "gid_attrs", "types", index)),
-            "netdev": _valid_netdev(_read(os.path.join(port_dir, "gid_attrs", "ndevs", index))),
-        }
-    return entries
 
 
 def _sysfs_netdev(sys_root: str, hca: str) -> str | None:
@@ -286,7 +271,7 @@ def _facts(module: AnsibleModule, runner: Runner) -> None:
         fallback_netdev = _sysfs_netdev(sys_root, hca)
         for number, port in device["ports"].items():
             port_dir = os.path.join(sys_root, "class", "infiniband", hca, "ports", number)
-            sysfs = gid_table(_sysfs_gids(port_dir))
+            sysfs = gid_table(read_sysfs_gids(port_dir, _read, _valid_netdev))
             if sysfs:
                 port["gids"] = sysfs
                 port["gid_source"] = "sysfs"

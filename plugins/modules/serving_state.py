@@ -423,6 +423,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint i
     lint_parallel,
     model_geometry,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._restart import stop_units
 from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
     guards as memory_guards,
 )
@@ -729,16 +730,8 @@ def _staged_checks(module, files, checks, context, runner):
 
 
 def _stop_live(module, runner, units):
-    """Stop the running ``units`` in reverse start order; return those (to be) stopped."""
-    states = read_unit_states(runner, units)
-    running = [u for u in reversed(units) if states[u].get("ActiveState") != "inactive"]
-    if module.check_mode:
-        return running
-    for unit in running:
-        rc, _, err = runner.run(["systemctl", "stop", "--", unit])
-        if rc != 0:
-            raise StageCheckError(f"systemctl stop {unit} failed (rc {rc}): {err.strip()[:300]}")
-    return running
+    """Stop the running ``units`` the way every restart stops them (``_restart.stop_units``)."""
+    return stop_units(runner, units, check_mode=module.check_mode)
 
 
 def _live_checks(module, checks, recipe, unit_dir, result, runner):

@@ -1,0 +1,39 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters of the watchdog role (plugins/module_utils/_watchdog_config.py).
+
+- ``watchdog_config``: the head's ``watchdog.json`` from the role's options, every node's saved
+  fabric result and the head's saved ingress result; a bad option fails naming the variable.
+- ``watchdog_node_config``: one node's ``watchdog-node.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import ValidationError
+from ansible_collections.localinference.vllm.plugins.module_utils._watchdog_config import (
+    ConfigError,
+    build,
+    node_config,
+)
+
+
+def watchdog_config(opts: dict[str, Any], nodes: list[dict[str, Any]], ingress: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return build(opts, nodes, ingress)
+    except (ConfigError, ValidationError, KeyError, TypeError) as exc:
+        raise AnsibleFilterError(f"watchdog: {exc}") from None
+
+
+def watchdog_node_config(fabric: dict[str, Any] | None, name: str, opts: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return node_config(name, fabric, opts)
+    except (ConfigError, ValidationError, KeyError, TypeError) as exc:
+        raise AnsibleFilterError(f"watchdog: {exc}") from None
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"watchdog_config": watchdog_config, "watchdog_node_config": watchdog_node_config}
