@@ -214,6 +214,8 @@ class Watchdog:
         log(f"look: {verdict} ({action}): {result['evidence']}")
         if action in ("restart", "restart-ingress"):
             self.status["previous_verdict"] = before
+            self.record(verdict, result["evidence"], action, "detected", findings=result["findings"],
+                        detect_seconds=result["detect_seconds"])
             started = time.monotonic()
             ok, outcome = (self.restart_ingress() if action == "restart-ingress" else self.restart_engine(look))
             target = "ingress" if action == "restart-ingress" else "engine"

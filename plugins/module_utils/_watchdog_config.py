@@ -175,10 +175,9 @@ def _head_url(ingress: Mapping[str, Any], model: str | None) -> tuple[str, str, 
     host = host.strip("[]") or "127.0.0.1"
     host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url_host = f"[{host}]" if ":" in host else host
-    upstream = str(route.get("upstream"))
-    upstream = f"[{upstream}]" if ":" in upstream else upstream
+    # The route's upstream is Caddy's dial address, HOST:PORT ([v6]:PORT).
     return (f"http://{url_host}:{port}{route.get('prefix', '')}/v1", str(route.get("model")),
-            f"http://{upstream}:{route.get('upstream_port')}")
+            f"http://{route.get('upstream')}")
 
 
 def node_config(name: str, fabric: Mapping[str, Any] | None, opts: Mapping[str, Any]) -> dict[str, Any]:

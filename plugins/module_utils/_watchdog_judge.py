@@ -32,8 +32,8 @@ from ansible_collections.localinference.vllm.plugins.module_utils._findings impo
 WEDGE_LOOKS = 2
 F28_FIX = (
     "the watchdog restarts the cluster in the rollout's order (watchdog_recover); by hand: "
-    "ansible-playbook site.yml --tags rollout -e serve_force_restart=true, and read the kernel "
-    "log for NCCL or Xid errors"
+    "ansible-playbook site.yml --tags rollout (its probe sees no token and restarts every rank); "
+    "read the kernel log for NCCL or Xid errors"
 )
 
 
@@ -193,7 +193,7 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
                     "waiting for the link (a restart cannot help while the ranks cannot meet)")
     elif link_down and token.get("ok") is not True:
         verdict, evidence = "degraded", "the cluster link is down: waiting for it, no restart"
-    elif starting and token.get("ok") is not True:
+    elif starting and token.get("ok") is not True and engine.get("health") != 200:
         verdict, evidence = "degraded", "the engine is starting (within the boot grace): no verdict yet"
     elif wedge or no_answer:
         bad = int(state.get("bad_looks", 0)) + 1

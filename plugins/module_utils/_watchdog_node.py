@@ -205,10 +205,14 @@ def probe(cfg: Mapping[str, Any], runner, cursor: int | None) -> dict[str, Any]:
         table = gid_table(read_sysfs_gids(port_dir, _read, lambda name: name or None))
         out["gid_index"] = roce_v2_ipv4_index(table, [port["ipv4"]], port.get("netdev"))
         break
-    psi = _read("/proc/pressure/memory")
-    out["psi_some_avg10"] = parse_psi(psi)["some"]["avg10"] if psi else None
-    meminfo = parse_meminfo(_read("/proc/meminfo") or "")
-    out["mem_available_bytes"] = meminfo.get("MemAvailable")
+    out["psi_some_avg10"], out["mem_available_bytes"] = None, None
+    try:
+        psi = _read("/proc/pressure/memory")
+        out["psi_some_avg10"] = parse_psi(psi)["some"]["avg10"] if psi else None
+        available = parse_meminfo(_read("/proc/meminfo") or "").get("MemAvailable")
+        out["mem_available_bytes"] = available * 1024 if available is not None else None
+    except (ValueError, KeyError) as exc:
+        out["unknown"].append(f"memory: {str(exc)[:200]}")
     try:
         out["kernel"], out["kernel_cursor"] = parse_kmsg(read_kmsg(cfg["kmsg"]), cursor)
     except OSError as exc:

@@ -136,6 +136,7 @@ def test_the_key_is_in_no_config_log_or_command_line():
         assert key not in processes, f"{host}: the key is on a command line"
 
 
+WATCHDOG_PORT = 9109
 # Every listening socket on the lab hosts, and why it is there.
 INTENDED = {
     "sshd": "the image's sshd (port 22, every address); the lab drives the hosts through podman exec",
@@ -143,6 +144,7 @@ INTENDED = {
     "caddy:2019": "Caddy's admin API, loopback only (systemctl reload uses it)",
     "vllm:8000": "vLLM's API, loopback only: Caddy proxies to it",
     "engine:cluster": "vLLM's ranks and engine (gloo, ZMQ) on the cluster address",
+    "watchdog:9109": "the watchdog's Prometheus text, loopback only (Prometheus on the head scrapes it)",
     "torch-store": (
         "torch's TCPStore of the TP ranks (port 29501): PyTorch binds its store server to every "
         "address whatever MASTER_ADDR says (measured with torch 2.13, libuv and classic backends); "
@@ -162,6 +164,8 @@ def classify(host: str, sock: dict[str, Any]) -> str | None:
         return "caddy:2019"
     if port == VLLM_PORT and loopback and host == HEAD:
         return "vllm:8000"
+    if port == WATCHDOG_PORT and loopback and host == HEAD:
+        return "watchdog:9109"
     # The ranks' processes are titled VLLM::Worker_TP*, VLLM::EngineCore or plain
     # python depending on the boot; the cluster link is private either way.
     if process.startswith(("VLLM::", "vllm", "python")) and address == CLUSTER_ADDRESSES[host]:

@@ -163,7 +163,7 @@ OPTS: dict[str, Any] = {
 }
 FABRIC = {"primary_ip": "10.89.1.3", "gid_index": 3,
           "interfaces": [{"ifname": "eth1", "address": "10.89.1.3/24", "mtu": 9000, "hca": "rocep1s0f0"}]}
-INGRESS = {"listen": ":8080", "routes": [{"model": "org/m", "prefix": "/org/m", "upstream": "127.0.0.1",
+INGRESS = {"listen": ":8080", "routes": [{"model": "org/m", "prefix": "/org/m", "upstream": "127.0.0.1:8000",
                                           "upstream_port": 8000}]}
 NODES = [{"name": "head", "rank": 0, "fabric": {**FABRIC, "primary_ip": "10.89.1.2"}},
          {"name": "worker", "rank": 1, "fabric": FABRIC}]

@@ -1,0 +1,33 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Fault tests cause failures on purpose; the head's watchdog would recover them in the
+middle of the test. Every fault test but the watchdog's own (marker ``watchdog``) runs with
+the watchdog stopped, and it is started again afterwards when it was running before."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab.harness import HEAD, exec_on, lab_up
+
+WATCHDOG = "localinference-watchdog.service"
+
+
+def _active() -> bool:
+    done = exec_on(HEAD, "systemctl", "is-active", WATCHDOG, check=False)
+    return done.stdout.strip() == "active"
+
+
+@pytest.fixture(autouse=True)
+def watchdog_paused(request: pytest.FixtureRequest):
+    if request.node.get_closest_marker("watchdog") or not lab_up():
+        yield
+        return
+    running = _active()
+    if running:
+        exec_on(HEAD, "systemctl", "stop", WATCHDOG)
+    try:
+        yield
+    finally:
+        if running:
+            exec_on(HEAD, "systemctl", "start", WATCHDOG)
