@@ -16,7 +16,7 @@ MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
 .PHONY: help bootstrap system-packages images lab lab-up lab-down lab-clean test test-unit lint sanity \
-        test-molecule test-lab test-lab-faults test-lab-extended test-scale scale-up scale-down test-onehost build bench
+        test-molecule test-lab test-lab-faults test-lab-extended test-scale scale-up scale-down test-onehost build bench soak
 
 help:
 	@echo "make lab        build the two-node lab and run site.yml against it (leaves it up)"
@@ -28,6 +28,8 @@ help:
 	@echo "make scale-up   create and converge the three-host lab and leave it up;  make scale-down  remove it"
 	@echo "make test-onehost the one-host lab (molecule/onehost): create, converge, idempotence, test, destroy"
 	@echo "make bench      every benchmark against 'make lab': prints the ratios, writes .lab/bench.json"
+	@echo "make soak       agent-shaped traffic with one wedge and one link flap against 'make lab'"
+	@echo "                (SOAK_MINUTES, default 20): writes .lab/soak.json; not part of make test"
 
 $(BIN)/ansible-playbook: requirements.txt
 	bash lab/bin/system-packages
@@ -142,6 +144,14 @@ test-lab-extended: bootstrap
 # them wait for and hold the shared lab's lock.
 bench: bootstrap
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
+
+# Bounded agent-shaped traffic (2-4 sessions, tool turns, growing context) against the lab's
+# ingress for SOAK_MINUTES, with one wedge left to the head's watchdog and one link flap
+# (benchmarks/soak.py; SOAK_SESSIONS, SOAK_DEADLINE_S, SOAK_FLAP_S). Writes $(LAB)/soak.json
+# and $(LAB)/soak-requests.jsonl; stops by itself. Not part of `make test`.
+SOAK_MINUTES ?= 20
+soak: bootstrap
+	SOAK_MINUTES=$(SOAK_MINUTES) $(BIN)/python benchmarks/soak.py
 
 # molecule's test sequence for the scenario $(1), one step at a time, destroy
 # running whatever happens and removing the controller files $(2) with it.

@@ -6,8 +6,10 @@ Parts, in this order (``--only`` picks some):
 
 - ``verify``: benchmarks/manifest_verify.py (no lab needed)
 - ``rollout``: benchmarks/first_token.py (the lab; puts the inventory's recipe back)
-- ``noop``: benchmarks/rollout_noop.py (the lab; after the rollout part it also
-  proves the lab was put back: 0 changed, 0 restarts)
+- ``watchdog``: benchmarks/watchdog_recovery.py (the lab; a wedged TP rank recovered by
+  the head's watchdog against a plain restart of the units; the watchdog runs after it)
+- ``noop``: benchmarks/rollout_noop.py (the lab; after the rollout and watchdog parts it
+  also proves the lab was put back: 0 changed, 0 restarts)
 - ``kv``: benchmarks/kv_calibration.py (five CPU vLLM boots on the controller)
 - ``growth``: benchmarks/growth.py (the two-host lab and the three-host one, which
   it brings up with `make scale-up` and removes afterwards unless it was up)
@@ -19,7 +21,7 @@ is recorded with its error and the others still run; the exit code is then 1.
 With ``--lock FILE`` (or ``LOCALINFERENCE_LAB_LOCK``) the lab parts run holding
 ``flock`` on FILE, the lock other users of the shared lab take.
 
-    .venv/bin/python benchmarks/bench.py [--only verify,rollout,noop,kv,growth] [--output .lab/bench.json]
+    .venv/bin/python benchmarks/bench.py [--only verify,rollout,watchdog,noop,kv,growth] [--output .lab/bench.json]
 """
 
 from __future__ import annotations
@@ -43,11 +45,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import first_token, growth, kv_calibration, manifest_verify, rollout_noop
+from benchmarks import (
+    first_token,
+    growth,
+    kv_calibration,
+    manifest_verify,
+    rollout_noop,
+    watchdog_recovery,
+)
 from lab.harness import LAB_DIR, ROOT, LabError, lab_up
 
-PARTS = ("verify", "rollout", "noop", "kv", "growth")
-LAB_PARTS = {"rollout", "noop", "growth"}
+PARTS = ("verify", "rollout", "watchdog", "noop", "kv", "growth")
+LAB_PARTS = ("rollout", "watchdog", "noop", "growth")
 # (bench.json key, the two times it is made of, goal, how it reads)
 HEADLINES = (
     ("rollout_first_token_ratio", ("rollout_seconds", "by_hand_tp2_seconds"), "<= 1.3 (1.15)",
@@ -59,6 +68,10 @@ HEADLINES = (
     ("verify_ratio", ("cat_seconds", "verify_seconds"), ">= 0.8",
      "full verify rate / cat > /dev/null rate (cold)"),
     ("reverify_ms_per_100_files", (), "< 1000", "no-change re-verify, ms per 100 files"),
+    ("watchdog_detect_seconds", ("watchdog_detect_goal_seconds",), "<= 2 x interval",
+     "kill -STOP of the worker's TP rank -> the watchdog's wedge verdict"),
+    ("watchdog_recover_ratio", ("watchdog_recover_seconds", "plain_restart_seconds"), "<= 1.3",
+     "the wedge verdict -> next streamed token / a plain restart of the units"),
 )
 
 
@@ -212,7 +225,7 @@ def main() -> int:
     results = document["parts"]
     if "verify" in parts:
         results["verify"] = run_part("verify", manifest_verify.measure, manifest_verify.report)
-    lab_parts = [p for p in ("rollout", "noop", "growth") if p in parts]
+    lab_parts = [p for p in LAB_PARTS if p in parts]
     if lab_parts and not lab_up():
         for part in lab_parts:
             results[part] = {"error": "the lab hosts spark-head and spark-worker are not running (make lab)"}
@@ -221,6 +234,10 @@ def main() -> int:
         if "rollout" in lab_parts:
             results["rollout"] = run_part(
                 "rollout", lambda: first_token.measure(args.top), first_token.report
+            )
+        if "watchdog" in lab_parts:
+            results["watchdog"] = run_part(
+                "watchdog", watchdog_recovery.measure, watchdog_recovery.report
             )
         if "noop" in lab_parts:
             results["noop"] = run_part(

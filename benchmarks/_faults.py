@@ -1,0 +1,165 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The lab's faults and the head's watchdog, as the watchdog benchmark and the soak use them.
+
+The faults are caused as tests/lab/faults/test_watchdog_faults.py causes them: ``kill -STOP``
+of the worker's tensor-parallel rank (an NCCL hang as seen from outside) and the worker's
+cluster link set down. The watchdog is read where it publishes: its incident log on the head
+and its Prometheus text on the head's loopback. Everything goes through lab/harness.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lab.harness import (
+    CLUSTER_IF,
+    HEAD,
+    VLLM_UNIT,
+    WORKER,
+    LabError,
+    exec_on,
+    inventory_var,
+    streams_a_token,
+)
+
+WATCHDOG = "localinference-watchdog.service"
+INCIDENTS = "/var/lib/localinference/incidents.jsonl"
+METRICS_URL = "http://127.0.0.1:9109/metrics"
+# The worker's tensor-parallel rank (vLLM's process title).
+RANK = "VLLM::Worker_TP1"
+# Outcomes that end a restart the watchdog made (or refused to make).
+ENDED = ("recovered", "failed", "budget-spent", "paged")
+SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$")
+
+
+def interval() -> float:
+    """``watchdog_interval_s`` as the lab inventory gives it to the head."""
+    return float(inventory_var("watchdog_interval_s"))
+
+
+def incidents(since: float = 0.0) -> list[dict[str, Any]]:
+    """The head's incident records whose epoch is at or after ``since`` (a torn line is skipped)."""
+    text = exec_on(HEAD, "cat", INCIDENTS, check=False).stdout
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and float(record.get("epoch") or 0) >= since:
+            records.append(record)
+    return records
+
+
+def first_incident(since: float, **match: Any) -> dict[str, Any] | None:
+    """The first record since ``since`` whose fields equal ``match``; a tuple value means one of."""
+    for record in incidents(since):
+        if all(
+            record.get(k) in v if isinstance(v, tuple) else record.get(k) == v
+            for k, v in match.items()
+        ):
+            return record
+    return None
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text as ``{'name{labels}': value}`` (labels as written; comments skipped)."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        match = SAMPLE.match(line.strip())
+        if not match or line.startswith("#"):
+            continue
+        key = match["name"] + (f"{{{match['labels']}}}" if match["labels"] else "")
+        try:
+            samples[key] = float(match["value"])
+        except ValueError:
+            continue
+    return samples
+
+
+def watchdog_metrics() -> dict[str, float]:
+    done = exec_on(HEAD, "curl", "-s", "-m", "5", METRICS_URL, check=False)
+    return parse_metrics(done.stdout)
+
+
+def watchdog_active() -> bool:
+    done = exec_on(HEAD, "systemctl", "is-active", WATCHDOG, check=False)
+    return done.stdout.strip() == "active"
+
+
+def watchdog_verdict(samples: dict[str, float]) -> str | None:
+    for key, value in samples.items():
+        if key.startswith("localinference_watchdog_verdict{") and value == 1:
+            return key.split('verdict="', 1)[1].split('"', 1)[0]
+    return None
+
+
+def budget_left(samples: dict[str, float]) -> int | None:
+    """Restarts the watchdog may still make in its window, or None when it publishes no budget."""
+    budget = samples.get("localinference_watchdog_restart_budget")
+    used = samples.get("localinference_watchdog_restarts_in_window")
+    return None if budget is None or used is None else int(budget - used)
+
+
+def wait_watched_and_serving(timeout: float = 600, every: float = 5) -> dict[str, Any]:
+    """Block until the watchdog runs, its last look is healthy and the endpoint streams a token.
+
+    Returns the watchdog's state then; raises :class:`LabError` naming what was missing.
+    """
+    deadline = time.monotonic() + timeout
+    missing = "nothing looked at yet"
+    while time.monotonic() < deadline:
+        if not watchdog_active():
+            missing = f"{WATCHDOG} is not active on {HEAD}"
+        else:
+            samples = watchdog_metrics()
+            verdict = watchdog_verdict(samples)
+            if verdict != "healthy":
+                missing = f"the watchdog's last look is {verdict or 'not published'}, not healthy"
+            elif not streams_a_token(timeout=20):
+                missing = "the endpoint streams no token through the ingress"
+            else:
+                return {"verdict": verdict, "budget_left": budget_left(samples)}
+        time.sleep(every)
+    raise LabError(f"the lab is not watched and serving after {timeout:g} s: {missing}")
+
+
+def rank_pids() -> list[str]:
+    return exec_on(WORKER, "pgrep", "-f", RANK, check=False).stdout.split()
+
+
+def stop_rank() -> tuple[list[str], float]:
+    """``kill -STOP`` of the worker's TP rank; returns its pids and the epoch just before the kill."""
+    pids = rank_pids()
+    if not pids:
+        raise LabError(f"no process {RANK!r} on {WORKER}: is the lab serving?")
+    at = time.time()
+    exec_on(WORKER, "kill", "-STOP", *pids)
+    return pids, at
+
+
+def cont_rank(pids: list[str]) -> None:
+    """``kill -CONT``; pids that are gone (the watchdog restarted the rank) are no error."""
+    if pids:
+        exec_on(WORKER, "kill", "-CONT", *pids, check=False)
+
+
+def link(state: str) -> None:
+    """The worker's cluster link ``up`` or ``down``."""
+    exec_on(WORKER, "ip", "link", "set", "dev", CLUSTER_IF, state)
+
+
+def restart_units_by_hand() -> None:
+    """A plain cluster restart: the server unit stopped head first, started worker first."""
+    for host in (HEAD, WORKER):
+        exec_on(host, "systemctl", "stop", VLLM_UNIT, timeout=180)
+    for host in (WORKER, HEAD):
+        exec_on(host, "systemctl", "start", VLLM_UNIT, timeout=300)

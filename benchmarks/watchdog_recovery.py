@@ -1,0 +1,207 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The head's watchdog against a wedged engine, against a plain cluster restart, in one run.
+
+W: ``kill -STOP`` of the worker's tensor-parallel rank (``VLLM::Worker_TP1``: every request
+   hangs while ``/health`` answers), then the watchdog alone. Detection: from the kill to the
+   epoch of the first incident record with verdict ``wedged`` (``incidents.jsonl`` on the head,
+   polled). Recovery: from that verdict to the next token streamed through the ingress with the
+   lab's key, measured from the controller. The rank gets ``kill -CONT`` whatever happens.
+P: a plain cluster restart with the watchdog stopped: ``systemctl stop`` of the server unit on
+   the head then the worker, ``systemctl start`` on the worker then the head, to the first
+   token streamed through the ingress. The watchdog is started again whatever happens.
+Prints detection against 2 x ``watchdog_interval_s`` and the ratio W/P against 1.3. Needs
+`make lab` with the watchdog running healthy and one restart left in its budget.
+
+    .venv/bin/python benchmarks/watchdog_recovery.py [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._faults import (
+    ENDED,
+    RANK,
+    WATCHDOG,
+    cont_rank,
+    first_incident,
+    interval,
+    restart_units_by_hand,
+    stop_rank,
+    wait_watched_and_serving,
+    watchdog_active,
+)
+from lab.harness import HEAD, WORKER, LabError, exec_on, lab_up, streams_a_token
+
+DETECT_GOAL_INTERVALS = 2.0
+RECOVER_GOAL = 1.3
+# Bounds only: the lab's watchdog waits up to watchdog_ready_timeout_s (300 s) for a token.
+RECOVER_TIMEOUT = 600
+BOOT_TIMEOUT = 900
+POLL_SECONDS = 0.25
+
+
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float, every: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise LabError(f"{what} did not happen within {timeout:g} s")
+
+
+def next_token(timeout: float, give_up: Callable[[], str | None] = lambda: None) -> float:
+    """Epoch of the next token streamed through the ingress (polled every 0.25 s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if streams_a_token(timeout=5):
+            return time.time()
+        reason = give_up()
+        if reason:
+            raise LabError(reason)
+        time.sleep(POLL_SECONDS)
+    raise LabError(f"no token streamed through the ingress within {timeout:g} s")
+
+
+def wedge(every: float) -> dict[str, Any]:
+    """W: the stopped rank, the watchdog's verdict, its restart, the next streamed token."""
+    pids, killed_at = stop_rank()
+    try:
+        verdict = wait_for(
+            "the wedge verdict",
+            lambda: first_incident(killed_at, verdict="wedged"),
+            6 * every + 60,
+            0.5,
+        )
+        if verdict["action"] != "restart":
+            raise LabError(
+                f"the watchdog judged the wedge but did not restart (action {verdict['action']},"
+                f" outcome {verdict['outcome']}): {verdict['evidence']}"
+            )
+
+        def failed() -> str | None:
+            end = first_incident(killed_at, verdict="wedged", outcome=("failed", "budget-spent"))
+            return f"the watchdog's restart failed: {end['evidence']}" if end else None
+
+        token_at = next_token(RECOVER_TIMEOUT, failed)
+        ended = wait_for(
+            "the watchdog's recovered record",
+            lambda: first_incident(killed_at, verdict="wedged", outcome=ENDED),
+            RECOVER_TIMEOUT,
+            1.0,
+        )
+    finally:
+        cont_rank(pids)
+    return {
+        "killed_at": round(killed_at, 3),
+        "verdict_at": verdict["epoch"],
+        "token_at": round(token_at, 3),
+        "detect_seconds": round(verdict["epoch"] - killed_at, 2),
+        "recover_seconds": round(token_at - verdict["epoch"], 2),
+        "watchdog_detect_seconds": verdict.get("detect_seconds"),
+        "watchdog_recover_seconds": ended.get("recover_seconds"),
+        "outcome": ended["outcome"],
+        "evidence": verdict["evidence"],
+        "findings": [f.get("id") for f in verdict.get("findings") or []],
+    }
+
+
+def plain_restart() -> dict[str, Any]:
+    """P: the units stopped head first and started worker first, the watchdog paused meanwhile."""
+    exec_on(HEAD, "systemctl", "stop", WATCHDOG)
+    try:
+        load = os.getloadavg()[0]
+        started, started_at = time.monotonic(), time.time()
+        restart_units_by_hand()
+        units_seconds = time.monotonic() - started
+        token_at = next_token(BOOT_TIMEOUT)
+    finally:
+        exec_on(HEAD, "systemctl", "start", WATCHDOG)
+    return {
+        "seconds": round(token_at - started_at, 2),
+        "systemctl_seconds": round(units_seconds, 2),
+        "load_at_start": round(load, 2),
+    }
+
+
+def measure() -> dict[str, Any]:
+    every = interval()
+    ready = wait_watched_and_serving()
+    if ready["budget_left"] is not None and ready["budget_left"] < 1:
+        raise LabError(
+            "the watchdog's restart budget is spent (localinference_watchdog_restarts_in_window):"
+            " it would only page; wait for its window to pass"
+        )
+    result: dict[str, Any] = {"interval_s": every, "load_at_start": round(os.getloadavg()[0], 2)}
+    w = wedge(every)
+    # The watchdog's restart has just proved a token; the plain restart starts from the same state.
+    p = plain_restart()
+    result.update(
+        {
+            "wedge": w,
+            "plain_restart": p,
+            "watchdog_detect_seconds": w["detect_seconds"],
+            "watchdog_detect_goal_seconds": DETECT_GOAL_INTERVALS * every,
+            "watchdog_recover_seconds": w["recover_seconds"],
+            "plain_restart_seconds": p["seconds"],
+            "watchdog_recover_ratio": round(w["recover_seconds"] / p["seconds"], 2),
+            "watchdog_active_after": watchdog_active(),
+        }
+    )
+    return result
+
+
+def report(result: dict[str, Any]) -> str:
+    w, p = result["wedge"], result["plain_restart"]
+    goal = result["watchdog_detect_goal_seconds"]
+    detect, ratio = result["watchdog_detect_seconds"], result["watchdog_recover_ratio"]
+    return "\n".join(
+        [
+            f"W kill -STOP of {WORKER}'s {RANK} -> the watchdog's wedge verdict (it looks every"
+            f" {result['interval_s']:g} s): {detect:.1f} s (its own detect_seconds, from the first"
+            f" bad look: {w['watchdog_detect_seconds']}; findings {', '.join(w['findings']) or 'none'})",
+            f"  the wedge verdict -> the next token streamed through the ingress (from the controller):"
+            f" {w['recover_seconds']:.1f} s (the watchdog's own recover_seconds:"
+            f" {w['watchdog_recover_seconds']}, outcome {w['outcome']})",
+            f"P plain restart (server unit stopped on {HEAD} then {WORKER}, started {WORKER} first,"
+            f" watchdog paused) -> first streamed token: {p['seconds']:.1f} s (systemctl"
+            f" {p['systemctl_seconds']:.1f} s of it; load {p['load_at_start']:.1f})",
+            f"DETECT {detect:.1f} s   (goal <= 2 x interval = {goal:g} s: {'met' if detect <= goal else 'NOT met'})",
+            f"RATIO recovery/plain restart: {ratio:.2f}   (goal <= {RECOVER_GOAL}:"
+            f" {'met' if ratio <= RECOVER_GOAL else 'NOT met'})",
+            f"the watchdog is {'running' if result['watchdog_active_after'] else 'NOT running'} after the part",
+        ]
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="also write the result as JSON here")
+    args = parser.parse_args()
+    if not lab_up():
+        print("needs the lab hosts spark-head and spark-worker running (make lab)", file=sys.stderr)
+        return 2
+    try:
+        result = measure()
+    except LabError as err:
+        print(err, file=sys.stderr)
+        return 1
+    print(report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The soak's pure summary (benchmarks/soak.py): percentiles, availability, the windows
+around each fault and the counts of the watchdog's incidents. No lab."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks._faults import parse_metrics, watchdog_verdict
+from benchmarks.soak import Request, check_address, incident_counts, percentile, summarise
+from lab.harness import LabError
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [
+        ([], 50, None),
+        ([4.0], 95, 4.0),
+        ([3.0, 1.0, 2.0], 50, 2.0),
+        ([1.0, 2.0, 3.0, 4.0], 50, 2.5),
+        ([float(v) for v in range(1, 21)], 95, 19.05),
+        ([float(v) for v in range(1, 21)], 100, 20.0),
+        ([float(v) for v in range(1, 21)], 0, 1.0),
+    ],
+)
+def test_percentile_interpolates_between_closest_ranks(values, q, expected):
+    got = percentile(values, q)
+    assert got is None if expected is None else got == pytest.approx(expected)
+
+
+def req(started: float, ok: bool = True, ttft: float | None = 0.5, **extra) -> Request:
+    return Request(session=1, conversation=1, turn=1, started=started, seconds=1.0, ok=ok,
+                   ttft=ttft if ok else None, kind="answer" if ok else "",
+                   error=None if ok else "no answer within the 30 s deadline", **extra)
+
+
+def test_no_requests_is_no_availability():
+    result = summarise([], [], [])
+    assert (result["requests"], result["availability"], result["ttft_p50_s"]) == (0, None, None)
+
+
+def test_windows_around_a_wedge_and_a_flap():
+    requests = (
+        [req(t, ttft=0.2) for t in range(0, 10)]            # before the wedge (10 s)
+        + [req(t, ok=False) for t in (10, 12, 14)]          # hung on the stopped rank
+        + [req(t, ttft=1.0) for t in range(16, 30)]         # recovered at 16, until the flap
+        + [req(30, ok=False), req(31, ok=False)]            # the link down 30-35
+        + [req(36, ttft=3.0), req(37, ttft=0.4)]            # back at 36
+    )
+    faults = [{"name": "wedge", "injected": 10.0, "ended": 10.0},
+              {"name": "link_flap", "injected": 30.0, "ended": 35.0}]
+    result = summarise(requests, faults, [])
+    assert result["requests"] == 31
+    assert (result["answered"], result["failed"]) == (26, 5)
+    assert result["availability"] == round(26 / 31, 4)
+    wedge, flap = result["faults"]["wedge"], result["faults"]["link_flap"]
+    assert (wedge["recovered"], wedge["outage_seconds"]) == (16, 6)
+    assert wedge["before"]["requests"] == 10 and wedge["before"]["ttft_p50_s"] == 0.2
+    assert wedge["during"] == {"from_s": 10, "to_s": 16, "requests": 3, "answered": 0,
+                               "availability": 0.0, "ttft_p50_s": None, "ttft_p95_s": None}
+    assert wedge["after"]["requests"] == 14 and wedge["after"]["to_s"] == 30
+    # The flap's "before" is the wedge's "after": from the wedge's recovery to the flap.
+    assert flap["before"] == wedge["after"]
+    assert (flap["recovered"], flap["outage_seconds"]) == (36, 6)
+    assert flap["after"]["requests"] == 2 and flap["after"]["to_s"] is None
+    assert flap["after"]["ttft_p50_s"] == pytest.approx(1.7)
+    assert flap["after"]["ttft_p95_s"] == pytest.approx(2.87)
+    assert result["errors"] == {"no answer within the 30 s deadline": 5}
+
+
+def test_a_fault_never_recovered_has_no_after_window():
+    result = summarise([req(0), req(5, ok=False)], [{"name": "wedge", "injected": 4.0, "ended": 4.0}], [])
+    wedge = result["faults"]["wedge"]
+    assert (wedge["recovered"], wedge["outage_seconds"], wedge["after"]) == (None, None, None)
+    assert wedge["during"]["to_s"] is None and wedge["during"]["requests"] == 1
+
+
+def test_incident_counts_count_episodes_not_records():
+    records = [
+        {"verdict": "wedged", "action": "restart", "outcome": "detected"},
+        {"verdict": "wedged", "action": "restart", "outcome": "recovered"},
+        {"verdict": "degraded", "action": "hold", "outcome": "detected"},
+        {"verdict": "healthy", "action": "none", "outcome": "cleared"},
+        {"verdict": "wedged", "action": "restart", "outcome": "detected"},
+        {"verdict": "wedged", "action": "restart", "outcome": "failed"},
+    ]
+    counts = incident_counts(records)
+    assert (counts["wedges_detected"], counts["recoveries"], counts["recoveries_failed"]) == (2, 1, 1)
+    assert counts["by_verdict"] == {"wedged": 4, "degraded": 1, "healthy": 1}
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://127.0.0.1:18080/localinference/tiny-deepseek/v1/chat/completions", True),
+        ("http://localhost:18080/v1/chat/completions", True),
+        ("http://[::1]:18080/v1/chat/completions", True),
+        ("http://10.77.0.11:8000/v1/chat/completions", True),
+        ("http://10.77.0.99:8000/v1/chat/completions", False),
+        ("https://api.example.com/v1/chat/completions", False),
+    ],
+)
+def test_only_loopback_and_lab_addresses(url, allowed):
+    if allowed:
+        check_address(url)
+    else:
+        with pytest.raises(LabError):
+            check_address(url)
+
+
+def test_the_watchdogs_prometheus_text():
+    samples = parse_metrics(
+        "# HELP localinference_watchdog_up 1 while the loop runs\n"
+        "localinference_watchdog_up 1\n"
+        'localinference_watchdog_verdict{verdict="healthy"} 0\n'
+        'localinference_watchdog_verdict{verdict="wedged"} 1\n'
+        "localinference_watchdog_first_token_seconds NaN\n"
+    )
+    assert samples["localinference_watchdog_up"] == 1
+    assert watchdog_verdict(samples) == "wedged"
