@@ -5,6 +5,8 @@
 - ``doctor_findings``: the gathered evidence (see ``_doctor.judge``) judged:
   ``{healthy, verdict, findings, checked}``; never raises on malformed evidence.
 - ``doctor_probe_urls``: the ingress health URLs the head's saved ingress result lists.
+- ``doctor_token_targets``: where the head streams its token (through the ingress with the
+  key, then at the engine), from what ``doctor_facts`` read on the head, and the key file.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from typing import Any
 from ansible_collections.localinference.vllm.plugins.module_utils._doctor import (
     judge,
     probe_urls,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._doctor_serving import (
+    KEY_PATH,
+    probe_targets,
 )
 
 
@@ -25,9 +31,14 @@ def doctor_probe_urls(evidence: Any) -> list[str]:
     return probe_urls(evidence)
 
 
+def doctor_token_targets(gathered: Any, key_path: Any = KEY_PATH) -> dict[str, Any]:
+    return probe_targets(gathered, key_path or KEY_PATH)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "doctor_findings": doctor_findings,
             "doctor_probe_urls": doctor_probe_urls,
+            "doctor_token_targets": doctor_token_targets,
         }

@@ -21,6 +21,7 @@ Input (every part optional; anything malformed is a finding, never an exception)
                               "state": <serving_state result, or {"skipped_reason": ...}>,
                               "unreachable": false, "gather_error": null}, ...},
      "ingress_probes": [{"url": ..., "status": 502, "content": "...", "msg": "..."}],
+     # nodes[head]["live"]: the head's streamed-token probe and incidents (_doctor_serving.py)
      "client": {"provider": "localinference", "config": <doctor_facts file record>}}
 
 No AnsibleModule here: unit-tested on its own (tests/unit/plugins/module_utils/test_doctor.py).
@@ -50,6 +51,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils._doctor_live i
     check_orphans,
     check_units,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._doctor_serving import (
+    check_f28,
+    check_incidents,
+    incident_table,
+    token_summary,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint import (
     gpus_in_devices,
     lint_parallel,
@@ -60,7 +67,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory 
     start_refusals,
 )
 
-# Table order: catalog ids first (F1..F27), then the stage and doctor ids.
+# Table order: catalog ids first (F1..F28), then the stage and doctor ids.
 COLUMNS = ["host", "id", "severity", "message", "evidence", "fix"]
 # The Caddy error an ingress answers when the vLLM behind a route is down (F11).
 UPSTREAM_DOWN = (502, 503, 504)
@@ -514,6 +521,7 @@ CHECKS: dict[str, Callable[[Doctor], None]] = {
     # Host-stack defects: preflight's judgement (_host_stack.py) of what it read on the node.
     **{fid: _saved_only(fid) for fid in ("F21", "F22", "F23", "F24", "F25", "F26")},
     "F27": check_f27,
+    "F28": check_f28,
 }
 
 
@@ -565,6 +573,7 @@ def judge(evidence: Any) -> dict[str, Any]:
     for check in CHECKS.values():
         check(d)
     stage_checks(d)
+    check_incidents(d)
     if d.recipe is not None and d.saved("plan") is not None and d.plan() is None:
         d.add(
             "stale-plan",
@@ -591,6 +600,8 @@ def judge(evidence: Any) -> dict[str, Any]:
         "verdict": verdict,
         "findings": findings,
         "checked": {"nodes": sorted(d.nodes), "ids": list(CHECKS)},
+        # Printed under the table: what the live token probe saw, the watchdog's incidents.
+        "live": [line for line in [token_summary(d)] if line] + incident_table(d),
     }
 
 

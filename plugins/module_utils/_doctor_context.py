@@ -45,7 +45,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._stage_result 
 )
 
 CATALOG = "docs/failure-catalog.md"
-CATALOG_IDS = tuple(f"F{n}" for n in range(1, 28))
+CATALOG_IDS = tuple(f"F{n}" for n in range(1, 29))
 # The catalog's table of stage and doctor ids (mtu, evidence, unreachable, ...).
 OTHER_IDS = "stage-check-ids"
 
@@ -89,6 +89,19 @@ class Doctor:
             head if isinstance(head, str) and head in self.nodes else next(iter(self.nodes), "")
         )
         self.recipe = raw.get("recipe") if isinstance(raw.get("recipe"), dict) else None
+        # What the head read live: the streamed-token probe and the watchdog's incidents.
+        head_raw = nodes.get(self.head)
+        live = head_raw.get("live") if isinstance(head_raw, dict) else None
+        self.live: dict[str, Any] = live if isinstance(live, dict) else {}
+        if live is not None and not isinstance(live, dict):
+            self.add(
+                "evidence",
+                "warning",
+                self.head,
+                f"the head's live reads are {type(live).__name__}, not a record",
+                clip(live, 120),
+                "run the doctor playbook of the collection",
+            )
         probes = raw.get("ingress_probes")
         self.probes = [p for p in probes if isinstance(p, dict)] if isinstance(probes, list) else []
         client = raw.get("client") if isinstance(raw.get("client"), dict) else {}
