@@ -24,6 +24,7 @@ import yaml
 from ansible_collections.localinference.vllm.plugins.filter.doctor import (
     doctor_findings,
     doctor_probe_urls,
+    doctor_token_targets,
 )
 from ansible_collections.localinference.vllm.plugins.filter.stage import findings_table
 from ansible_collections.localinference.vllm.plugins.module_utils._doctor import (
@@ -37,6 +38,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils._doctor_contex
 from ansible_collections.localinference.vllm.plugins.module_utils._doctor_evidence import (
     parse_show,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._doctor_serving import (
+    _caddy_base,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._incidents import read_recent
 
 HERE = Path(__file__).parent
 FIXTURES = HERE.parents[1] / "fixtures"
@@ -93,6 +98,22 @@ def _text(source: Any) -> str:
     return (FIXTURES / source).read_text()
 
 
+def _live(spec: Any) -> Any:
+    """The head's live reads: ``token`` (a probe record, or recorded), ``incidents`` (a record,
+    or ``{fixture, limit}``: a recorded incident log read as the head reads it)."""
+    if not isinstance(spec, dict):
+        return spec
+    live = {key: _recorded(value) for key, value in spec.items()}
+    source = spec.get("incidents")
+    if isinstance(source, dict) and "fixture" in source:
+        path = str(FIXTURES / source["fixture"])
+        live["incidents"] = {
+            **read_recent(path, source.get("limit", 5)),
+            "path": "/var/lib/localinference/incidents.jsonl",
+        }
+    return live
+
+
 def build(case: dict[str, Any]) -> Any:
     """The evidence the playbook would hand the judge, after the case's changes."""
     if "evidence" in case:
@@ -136,6 +157,8 @@ def build(case: dict[str, Any]) -> Any:
         for key in ("shm", "quadlet"):
             if host in case.get(key, {}):
                 nodes[host][key] = _recorded(case[key][host])
+        if host in case.get("live", {}):
+            nodes[host]["live"] = _live(case["live"][host])
         if host in case.get("node_raw", {}):
             nodes[host] = case["node_raw"][host]
         if host in case.get("unreachable", []):
@@ -206,7 +229,7 @@ def test_every_id_the_doctor_checks_has_a_case_and_an_anchor():
     missing = [fid for fid in CHECKS if fid not in covered]
     assert not missing, f"no case finds {missing}"
     assert set(CHECKS) == set(CATALOG_IDS) - {"F18"}, "F18 has no evidence the doctor can read"
-    assert {f"f{n}" for n in range(1, 27)} <= ANCHORS
+    assert {f"f{n}" for n in range(1, 29)} <= ANCHORS
 
 
 def test_the_healthy_lab_prints_healthy_and_only_warnings():
@@ -240,12 +263,106 @@ def test_one_table_with_evidence_and_fix_columns():
         {"nodes": {"a": {"gathered": {"links": [1]}, "shm": "x", "quadlet": {"findings": 3}}}},
         {"nodes": {"a": {"gathered": {"links": {"e": {"mtu": 5}}}, "shm": {"orphans": [1]}}}},
         {"nodes": {"a": {"gathered": {}, "shm": {"orphans": [{"size": "x"}]}, "quadlet": []}}},
+        {"nodes": {"a": {"gathered": {}, "live": "x"}}},
+        {"nodes": {"a": {"gathered": {}, "live": {"token": 5, "incidents": []}}}},
+        {"nodes": {"a": {"gathered": {}, "live": {"token": {"probes": "x"}, "incidents": {}}}}},
+        {"head": "a", "nodes": {"a": {"live": {"token": {"probes": [1, {"ok": "yes"}]}}}}},
+        {"nodes": {"a": {"live": {"incidents": {"incidents": [None, {"schema": 1}]}}}}},
+        {"nodes": {"a": {"live": {"incidents": {"incidents": [], "problems": "x"}}}}},
     ],
 )
 def test_garbage_is_a_finding_never_a_traceback(garbage):
     result = judge(garbage)
     assert isinstance(result["healthy"], bool) and isinstance(result["findings"], list)
     assert doctor_probe_urls(garbage) == []
+
+
+def test_printed_under_the_table_what_the_token_probe_saw_and_the_last_incidents():
+    case = {
+        "name": "x",
+        "live": {
+            "spark-head": {
+                "token": {"snapshot": "lab-token-probes", "host": "spark-head", "key": "serving"},
+                "incidents": {"fixture": "doctor/lab-incidents.jsonl", "limit": 3},
+            }
+        },
+    }
+    lines = judge(build(case))["live"]
+    assert lines[0].startswith("TOKEN: ingress http://127.0.0.1:8080/localinference/tiny-deepseek")
+    assert "first token in" in lines[0] and "/health 200" in lines[0]
+    assert lines[1] == (
+        "INCIDENTS: the last 3 in spark-head:/var/lib/localinference/incidents.jsonl"
+    )
+    assert lines[2].split() == [
+        "TIME", "VERDICT", "ACTION", "OUTCOME", "DETECT_S", "RECOVER_S", "EVIDENCE"
+    ]  # fmt: skip
+    assert lines[3].split()[:6] == [
+        "2026-12-03T12:04:06Z",
+        "down",
+        "restart",
+        "recovered",
+        "9.5",
+        "56.4",
+    ]
+    assert lines[5].split()[:6] == [
+        "2026-12-03T12:04:58Z",
+        "down",
+        "page",
+        "budget-spent",
+        "49.5",
+        "-",
+    ]
+    assert len(lines) == 6
+
+
+@pytest.mark.parametrize(
+    "incidents, said",
+    [
+        ({"path": "/i", "exists": False, "incidents": [], "problems": []},
+         "INCIDENTS: none (spark-head:/i does not exist: no watchdog has recorded one)"),
+        ({"path": "/i", "exists": True, "incidents": [], "problems": []},
+         "INCIDENTS: none recorded in spark-head:/i"),
+    ],
+)  # fmt: skip
+def test_no_incident_is_one_line(incidents, said):
+    assert judge(build({"name": "x", "live": {"spark-head": {"incidents": incidents}}}))[
+        "live"
+    ] == [said]
+
+
+def test_token_targets_come_from_the_heads_ingress_result_and_serving_json():
+    head = snapshot("lab-healthy-serving")["spark-head"]
+    got = doctor_token_targets(head, "/etc/other.env")
+    assert got["key_path"] == "/etc/localinference/ingress/api-key.env"  # what ingress.json records
+    assert [(t["name"], t["base_url"], t["health_url"], t["auth"]) for t in got["targets"]] == [
+        ("ingress", "http://127.0.0.1:8080/localinference/tiny-deepseek/v1",
+         "http://127.0.0.1:8080/localinference/tiny-deepseek/health", True),
+        ("engine", "http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/health", False),
+    ]  # fmt: skip
+    assert {t["model"] for t in got["targets"]} == {"localinference/tiny-deepseek"}
+    assert doctor_token_targets({}, "/etc/k.env") == {"targets": [], "key_path": "/etc/k.env"}
+    assert doctor_token_targets("garbage") == {
+        "targets": [],
+        "key_path": "/etc/localinference/ingress/api-key.env",
+    }
+
+
+@pytest.mark.parametrize(
+    "listen, base",
+    [
+        (":8080", "http://127.0.0.1:8080"),
+        ("0.0.0.0:8080", "http://127.0.0.1:8080"),
+        ("10.0.0.5:443", "http://10.0.0.5:443"),
+        ("[::1]:8080", "http://[::1]:8080"),
+        ("[::]:8080", "http://127.0.0.1:8080"),
+        ("8080", None),
+        (":http", None),
+        (":70000", None),
+        (None, None),
+    ],
+)
+def test_the_head_reaches_its_own_caddy_at_its_listen_address(listen, base):
+    assert _caddy_base(listen) == base
 
 
 def test_probe_urls_come_from_the_heads_saved_ingress_result():
