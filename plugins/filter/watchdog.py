@@ -2,6 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of the watchdog role (plugins/module_utils/_watchdog_config.py).
 
+- ``watchdog_options``: the role's options alone, checked before anything is read from a node.
 - ``watchdog_config``: the head's ``watchdog.json`` from the role's options, every node's saved
   fabric result and the head's saved ingress result; a bad option fails naming the variable.
 - ``watchdog_node_config``: one node's ``watchdog-node.json``.
@@ -16,8 +17,17 @@ from ansible_collections.localinference.vllm.plugins.module_utils._validate impo
 from ansible_collections.localinference.vllm.plugins.module_utils._watchdog_config import (
     ConfigError,
     build,
+    check_options,
     node_config,
 )
+
+
+def watchdog_options(opts: dict[str, Any]) -> dict[str, Any]:
+    try:
+        check_options(opts)
+    except (ConfigError, ValidationError, KeyError, TypeError) as exc:
+        raise AnsibleFilterError(f"watchdog: {exc}") from None
+    return opts
 
 
 def watchdog_config(opts: dict[str, Any], nodes: list[dict[str, Any]], ingress: dict[str, Any]) -> dict[str, Any]:
@@ -36,4 +46,5 @@ def watchdog_node_config(fabric: dict[str, Any] | None, name: str, opts: dict[st
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"watchdog_config": watchdog_config, "watchdog_node_config": watchdog_node_config}
+        return {"watchdog_options": watchdog_options, "watchdog_config": watchdog_config,
+                "watchdog_node_config": watchdog_node_config}

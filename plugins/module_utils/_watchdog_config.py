@@ -164,6 +164,40 @@ def load_config(path: str) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- built by the role
 
+def check_options(opts: Mapping[str, Any]) -> None:
+    """The role's options alone, before anything is read from a node: ConfigError names one."""
+    try:
+        for key, low, high, integer in NUMBERS:
+            _number(opts, key, low, high, integer)
+        if float(opts["token_deadline_s"]) >= float(opts["interval_s"]):
+            raise ConfigError(
+                f"watchdog_token_deadline_s ({opts['token_deadline_s']:g}) must be shorter than "
+                f"watchdog_interval_s ({opts['interval_s']:g}): a look must end before the next begins")
+        if not isinstance(opts.get("recover"), bool):
+            raise ConfigError("watchdog_recover: set true or false")
+        _number(opts, "psi_limit", 0, 100, False)
+        _number(opts, "min_available_gib", 0, 2**20, False)
+        _number(opts, "incidents_max_bytes", 4096, 2**30, True)
+        _number(opts, "incidents_keep", 0, 20, True)
+        _number(opts, "metrics_port", 1, 65535, True)
+        for key in ("incidents_path", "key_file", "serving_path", "rdma_sys_root"):
+            _path(f"watchdog_{key}", opts.get(key))
+        try:
+            ipaddress.ip_address(str(opts.get("metrics_listen")))
+        except ValueError:
+            raise ConfigError(
+                f"watchdog_metrics_listen: {str(opts.get('metrics_listen'))[:60]!r} is not an IP address; "
+                "set 127.0.0.1 (Prometheus on the head) or the cluster address") from None
+        if opts.get("ingress_url"):
+            _url("watchdog_ingress_url", opts["ingress_url"])
+        validate.unit_name("watchdog_ingress_unit", opts.get("ingress_unit"))
+        validate.text("watchdog_ssh_user", opts.get("ssh_user"), strip_ok=False)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _head_url(ingress: Mapping[str, Any], model: str | None) -> tuple[str, str, str]:
     """(the route's base URL as the head reaches Caddy, the model, the engine's URL)."""
     routes = ingress.get("routes") or []
@@ -207,6 +241,7 @@ def build(opts: Mapping[str, Any], nodes: list[Mapping[str, Any]], ingress: Mapp
 
     ``nodes``: ``{name, rank, fabric}`` (``fabric``: the node's saved fabric result or None).
     """
+    check_options(opts)
     base_url, model, engine = _head_url(ingress, opts.get("model") or None)
     if opts.get("ingress_url"):
         base_url = opts["ingress_url"]

@@ -237,7 +237,7 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
                 "a restart loop hides the cause: read the incidents and the engine's log"))
         else:
             action = "restart-ingress" if target == "ingress" else "restart"
-    elif verdict == "degraded" and (link_down or unreachable or starting):
+    elif verdict == "degraded" and token.get("ok") is not True and (link_down or unreachable or starting):
         action = "hold"
     return {"verdict": verdict, "target": target, "evidence": evidence, "findings": findings,
             "action": action, "state": next_state,

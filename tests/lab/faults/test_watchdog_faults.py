@@ -34,7 +34,9 @@ WATCHDOG = "localinference-watchdog.service"
 INCIDENTS = "/var/lib/localinference/incidents.jsonl"
 STATE = "/var/lib/localinference/watchdog-state.json"
 CADDY = "caddy.service"
-RANK = "VLLM::Worker_TP1"
+# The worker's rank: its processes are titled VLLM::Worker_TP1 (or VLLM::…) or still show the
+# venv's python, depending on the boot; stopping them all is the rank stopped.
+RANK = "VLLM::|/opt/vllm/bin/python"
 
 
 def interval() -> float:
@@ -173,7 +175,7 @@ def test_mtu_changed_behind_the_collections_back_is_drift_without_a_restart():
         record = wait_for("the drift", lambda: new_incident(seen, verdict="degraded"), 6 * interval())
         assert "MTU 1500" in json.dumps(record["findings"]), record
         assert record["action"] == "none"
-        drift = f'localinference_watchdog_fabric_drift{{kind="mtu",node="{WORKER}"}} 1'
+        drift = f'localinference_watchdog_fabric_drift{{node="{WORKER}",kind="mtu"}} 1'
         assert wait_for("the drift metric", lambda: drift in metrics(), 3 * interval())
         names = alerts()
         if names is not None:
