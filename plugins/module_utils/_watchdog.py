@@ -216,6 +216,8 @@ class Watchdog:
             self.status["previous_verdict"] = before
             self.record(verdict, result["evidence"], action, "detected", findings=result["findings"],
                         detect_seconds=result["detect_seconds"])
+            # Scraped while the restart runs: the alert fires on the verdict, not after it.
+            self.publish(look, result, verdict)
             started = time.monotonic()
             ok, outcome = (self.restart_ingress() if action == "restart-ingress" else self.restart_engine(look))
             target = "ingress" if action == "restart-ingress" else "engine"

@@ -127,9 +127,16 @@ def test_a_stopped_tensor_parallel_rank_is_detected_and_recovered_in_order():
         wedged = wait_for("the wedge verdict", lambda: new_incident(seen, verdict="wedged"), 6 * interval())
         detected = time.monotonic() - started
     assert detected <= 2 * interval() + 30, f"detected after {detected:.0f} s"
-    record = wait_for("the recovery", lambda: new_incident(seen, verdict="wedged", action="restart",
-                                                           outcome="recovered"), 400)
+    paged: set[str] = set()
+
+    def recovered() -> dict[str, Any] | None:
+        paged.update(alerts() or [])
+        return new_incident(seen, verdict="wedged", action="restart", outcome="recovered")
+
+    record = wait_for("the recovery", recovered, 400)
     assert record["outcome"] == "recovered", record
+    if alerts() is not None:  # the lab runs monitoring: Alertmanager listed the wedge while it lasted
+        assert "LocalinferenceEngineWedged" in paged, paged
     assert any(f["id"] == "F28" for f in record["findings"]), record
     assert record["recover_seconds"] > 0 and record["detect_seconds"] >= 0
     assert streams_a_token(timeout=30)
@@ -216,11 +223,13 @@ def test_a_fourth_wedge_inside_the_window_pages_and_does_not_restart():
         exec_on(HEAD, "systemctl", "start", WATCHDOG)
 
 
-# Measured: about 150 s (90 s of link down, then the looks that clear it).
+# Measured: about 210 s (90 s of link down, then one recovery). While the link is down the
+# watchdog holds (the worker cannot be read and a restart cannot help). Measured in the lab:
+# the CPU build's gloo ranks do not survive 90 s without the link, so once it returns the
+# engine streams nothing and the watchdog restarts it once, in order: no loop.
 @pytest.mark.extended
 def test_the_cluster_link_down_for_90_s_is_degraded_without_a_restart_loop():
     seen = len(incidents())
-    engine = {h: invocation(h, VLLM_UNIT) for h in (HEAD, WORKER)}
     exec_on(WORKER, "ip", "link", "set", "dev", CLUSTER_IF, "down")
     try:
         record = wait_for("the verdict", lambda: new_incident(seen, verdict="degraded"), 6 * interval())
@@ -228,6 +237,9 @@ def test_the_cluster_link_down_for_90_s_is_degraded_without_a_restart_loop():
         time.sleep(max(0.0, 90 - 3 * interval()))
     finally:
         exec_on(WORKER, "ip", "link", "set", "dev", CLUSTER_IF, "up")
-    assert not any(r["action"] == "restart" for r in incidents()[seen:]), incidents()[seen:]
-    wait_for("healthy again", lambda: new_incident(seen, verdict="healthy", outcome="cleared"), 400)
-    assert {h: invocation(h, VLLM_UNIT) for h in (HEAD, WORKER)} == engine
+        back = time.time()
+    during = [r for r in incidents()[seen:] if r["epoch"] < back]
+    assert not any(r["action"] == "restart" for r in during), during
+    assert wait_for("a streamed token after the link returned", lambda: streams_a_token(timeout=20), 400)
+    after = [r for r in incidents()[seen:] if r["epoch"] >= back and r["outcome"] != "detected"]
+    assert sum(r["action"] == "restart" for r in after) <= 1, after
