@@ -14,6 +14,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,9 +158,35 @@ def link(state: str) -> None:
     exec_on(WORKER, "ip", "link", "set", "dev", CLUSTER_IF, state)
 
 
-def restart_units_by_hand() -> None:
-    """A plain cluster restart: the server unit stopped head first, started worker first."""
-    for host in (HEAD, WORKER):
-        exec_on(host, "systemctl", "stop", VLLM_UNIT, timeout=180)
-    for host in (WORKER, HEAD):
-        exec_on(host, "systemctl", "start", VLLM_UNIT, timeout=300)
+def next_token(timeout: float, give_up: Callable[[], str | None] = lambda: None) -> float:
+    """Epoch of the next token streamed through the ingress (polled every 0.25 s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if streams_a_token(timeout=5):
+            return time.time()
+        reason = give_up()
+        if reason:
+            raise LabError(reason)
+        time.sleep(0.25)
+    raise LabError(f"no token streamed through the ingress within {timeout:g} s")
+
+
+def plain_restart(token_timeout: float = 900) -> dict[str, float]:
+    """A plain cluster restart with the watchdog paused: the server unit stopped on the head
+    then the worker, started on the worker then the head, to the next streamed token.
+
+    Returns the epochs it started and streamed at and the seconds systemctl took; the watchdog
+    is started again whatever happens.
+    """
+    exec_on(HEAD, "systemctl", "stop", WATCHDOG)
+    try:
+        started, started_at = time.monotonic(), time.time()
+        for host in (HEAD, WORKER):
+            exec_on(host, "systemctl", "stop", VLLM_UNIT, timeout=180)
+        for host in (WORKER, HEAD):
+            exec_on(host, "systemctl", "start", VLLM_UNIT, timeout=300)
+        units = time.monotonic() - started
+        token_at = next_token(token_timeout)
+    finally:
+        exec_on(HEAD, "systemctl", "start", WATCHDOG)
+    return {"started_at": started_at, "token_at": token_at, "systemctl_seconds": units}

@@ -55,6 +55,9 @@ from lab.harness import (
 )
 
 WEDGE_AT, FLAP_AT = 0.2, 0.65
+# After the run: how long the watchdog has to bring a token back (the lab's
+# watchdog_ready_timeout_s) before the soak restarts the units itself.
+PUT_BACK_WAIT = 300
 # A conversation starts again once its prompt passes this share of max_model_len.
 CONTEXT_SHARE = 0.75
 MAX_TOKENS = 64
@@ -460,6 +463,21 @@ class Soak:
         return result
 
 
+def put_back() -> dict[str, Any]:
+    """The lab serving after the run: left to the watchdog first; a plain restart of the units
+    only when nothing streams within ``PUT_BACK_WAIT`` (its budget spent, or its restart failed)."""
+    deadline = time.monotonic() + PUT_BACK_WAIT
+    while time.monotonic() < deadline:
+        if streams_a_token(timeout=20):
+            return {"streams": True, "restarted_by_hand": False}
+        time.sleep(5)
+    try:
+        faults.plain_restart()
+    except LabError as err:
+        return {"streams": False, "restarted_by_hand": True, "error": str(err)}
+    return {"streams": True, "restarted_by_hand": True}
+
+
 def summary_lines(document: dict[str, Any]) -> str:
     lines = [
         f"soak: {document['minutes']:g} min, {document['sessions']} sessions, deadline"
@@ -478,6 +496,9 @@ def summary_lines(document: dict[str, Any]) -> str:
     counts = document["incidents"]
     lines.append(f"watchdog: {counts['wedges_detected']} wedges detected, {counts['recoveries']} recoveries,"
                  f" {counts['recoveries_failed']} failed; verdicts {counts['by_verdict']}")
+    after = document["after"]
+    lines.append(f"after the run: streams {after['streams']}, restarted by hand {after['restarted_by_hand']},"
+                 f" watchdog active {after['watchdog_active']}")
     lines += [f"note: {note}" for note in document["notes"]]
     return "\n".join(lines)
 
@@ -540,8 +561,10 @@ def soak_run(args: argparse.Namespace) -> dict[str, Any]:
         "flap_seconds": args.flap_seconds, "endpoint": soak.url, "max_model_len": soak.max_model_len,
         "machine": machine(), "load_during": load.summary(), "git": git_commit(),
         **result,
-        "after": {"watchdog_active": faults.watchdog_active(), "streams": streams_a_token(timeout=30)},
     }
+    document["after"] = {**put_back(), "watchdog_active": faults.watchdog_active()}
+    if document["after"]["restarted_by_hand"]:
+        document["notes"].append("nothing streamed after the run: the units were restarted by hand")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(document, indent=2) + "\n")
     log = args.output.with_name("soak-requests.jsonl")

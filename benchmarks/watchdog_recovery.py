@@ -32,23 +32,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._faults import (
     ENDED,
     RANK,
-    WATCHDOG,
     cont_rank,
     first_incident,
     interval,
-    restart_units_by_hand,
+    next_token,
+    plain_restart,
     stop_rank,
     wait_watched_and_serving,
     watchdog_active,
 )
-from lab.harness import HEAD, WORKER, LabError, exec_on, lab_up, streams_a_token
+from lab.harness import HEAD, WORKER, LabError, lab_up
 
 DETECT_GOAL_INTERVALS = 2.0
 RECOVER_GOAL = 1.3
 # Bounds only: the lab's watchdog waits up to watchdog_ready_timeout_s (300 s) for a token.
 RECOVER_TIMEOUT = 600
 BOOT_TIMEOUT = 900
-POLL_SECONDS = 0.25
 
 
 def wait_for(what: str, predicate: Callable[[], Any], timeout: float, every: float) -> Any:
@@ -59,19 +58,6 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float, every: flo
             return value
         time.sleep(every)
     raise LabError(f"{what} did not happen within {timeout:g} s")
-
-
-def next_token(timeout: float, give_up: Callable[[], str | None] = lambda: None) -> float:
-    """Epoch of the next token streamed through the ingress (polled every 0.25 s)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if streams_a_token(timeout=5):
-            return time.time()
-        reason = give_up()
-        if reason:
-            raise LabError(reason)
-        time.sleep(POLL_SECONDS)
-    raise LabError(f"no token streamed through the ingress within {timeout:g} s")
 
 
 def wedge(every: float) -> dict[str, Any]:
@@ -117,20 +103,13 @@ def wedge(every: float) -> dict[str, Any]:
     }
 
 
-def plain_restart() -> dict[str, Any]:
+def plain() -> dict[str, Any]:
     """P: the units stopped head first and started worker first, the watchdog paused meanwhile."""
-    exec_on(HEAD, "systemctl", "stop", WATCHDOG)
-    try:
-        load = os.getloadavg()[0]
-        started, started_at = time.monotonic(), time.time()
-        restart_units_by_hand()
-        units_seconds = time.monotonic() - started
-        token_at = next_token(BOOT_TIMEOUT)
-    finally:
-        exec_on(HEAD, "systemctl", "start", WATCHDOG)
+    load = os.getloadavg()[0]
+    done = plain_restart(BOOT_TIMEOUT)
     return {
-        "seconds": round(token_at - started_at, 2),
-        "systemctl_seconds": round(units_seconds, 2),
+        "seconds": round(done["token_at"] - done["started_at"], 2),
+        "systemctl_seconds": round(done["systemctl_seconds"], 2),
         "load_at_start": round(load, 2),
     }
 
@@ -146,7 +125,7 @@ def measure() -> dict[str, Any]:
     result: dict[str, Any] = {"interval_s": every, "load_at_start": round(os.getloadavg()[0], 2)}
     w = wedge(every)
     # The watchdog's restart has just proved a token; the plain restart starts from the same state.
-    p = plain_restart()
+    p = plain()
     result.update(
         {
             "wedge": w,
