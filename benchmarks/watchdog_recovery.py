@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._faults import (
     ENDED,
     RANK,
+    WATCHDOG,
     cont_rank,
     first_incident,
     interval,
@@ -41,10 +43,14 @@ from benchmarks._faults import (
     wait_watched_and_serving,
     watchdog_active,
 )
-from lab.harness import HEAD, WORKER, LabError, lab_up
+from lab.harness import HEAD, WORKER, LabError, exec_on, lab_up
 
 DETECT_GOAL_INTERVALS = 2.0
 RECOVER_GOAL = 1.3
+# The watchdog's log of each restart step (``journalctl -o short-unix``).
+RESTART_STEP = re.compile(
+    r"^(?P<at>\d+\.\d+) \S+ watchdog\[\d+\]: restart: (?P<node>[\w.-]+): (?P<step>stop|verify|start)\b"
+)
 # Bounds only: the lab's watchdog waits up to watchdog_ready_timeout_s (300 s) for a token.
 RECOVER_TIMEOUT = 600
 BOOT_TIMEOUT = 900
@@ -58,6 +64,22 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float, every: flo
             return value
         time.sleep(every)
     raise LabError(f"{what} did not happen within {timeout:g} s")
+
+
+def restart_steps(journal: str, since: float) -> list[dict[str, Any]]:
+    """Each restart step the watchdog logged (node, step, seconds after ``since``), in order."""
+    steps = []
+    for line in journal.splitlines():
+        match = RESTART_STEP.match(line)
+        if match and float(match["at"]) >= since:
+            steps.append({"node": match["node"], "step": match["step"],
+                          "seconds": round(float(match["at"]) - since, 2)})
+    return steps
+
+
+def journal_since(since: float, until: float) -> str:
+    return exec_on(HEAD, "journalctl", "-u", WATCHDOG, "--since", f"@{since:.0f}", "--until",
+                   f"@{until + 1:.0f}", "-o", "short-unix", "--no-pager", check=False).stdout
 
 
 def wedge(every: float) -> dict[str, Any]:
@@ -89,6 +111,8 @@ def wedge(every: float) -> dict[str, Any]:
         )
     finally:
         cont_rank(pids)
+    steps = restart_steps(journal_since(verdict["epoch"] - 1, token_at), verdict["epoch"])
+    starts = [s["seconds"] for s in steps if s["step"] == "start"]
     return {
         "killed_at": round(killed_at, 3),
         "verdict_at": verdict["epoch"],
@@ -100,6 +124,9 @@ def wedge(every: float) -> dict[str, Any]:
         "outcome": ended["outcome"],
         "evidence": verdict["evidence"],
         "findings": [f.get("id") for f in verdict.get("findings") or []],
+        "restart_steps": steps,
+        # From the head's server start (the last start step) to the streamed token.
+        "engine_boot_seconds": round(token_at - verdict["epoch"] - starts[-1], 2) if starts else None,
     }
 
 
@@ -110,6 +137,9 @@ def plain() -> dict[str, Any]:
     return {
         "seconds": round(done["token_at"] - done["started_at"], 2),
         "systemctl_seconds": round(done["systemctl_seconds"], 2),
+        "engine_boot_seconds": round(
+            done["token_at"] - done["started_at"] - done["systemctl_seconds"], 2
+        ),
         "load_at_start": round(load, 2),
     }
 
@@ -144,18 +174,22 @@ def measure() -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     w, p = result["wedge"], result["plain_restart"]
     goal = result["watchdog_detect_goal_seconds"]
+    steps = ", ".join(f"{s['node']} {s['step']} {s['seconds']:.1f}" for s in w["restart_steps"])
     detect, ratio = result["watchdog_detect_seconds"], result["watchdog_recover_ratio"]
     return "\n".join(
         [
             f"W kill -STOP of {WORKER}'s {RANK} -> the watchdog's wedge verdict (it looks every"
-            f" {result['interval_s']:g} s): {detect:.1f} s (its own detect_seconds, from the first"
-            f" bad look: {w['watchdog_detect_seconds']}; findings {', '.join(w['findings']) or 'none'})",
+            f" {result['interval_s']:g} s): {detect:.1f} s (the record's own detect_seconds:"
+            f" {w['watchdog_detect_seconds']}; findings {', '.join(w['findings']) or 'none'})",
             f"  the wedge verdict -> the next token streamed through the ingress (from the controller):"
             f" {w['recover_seconds']:.1f} s (the watchdog's own recover_seconds:"
             f" {w['watchdog_recover_seconds']}, outcome {w['outcome']})",
+            f"  its restart, each step done at (s after the verdict): {steps}; then {w['engine_boot_seconds']} s"
+            " from the head's server start to the token",
             f"P plain restart (server unit stopped on {HEAD} then {WORKER}, started {WORKER} first,"
             f" watchdog paused) -> first streamed token: {p['seconds']:.1f} s (systemctl"
-            f" {p['systemctl_seconds']:.1f} s of it; load {p['load_at_start']:.1f})",
+            f" {p['systemctl_seconds']:.1f} s, then {p['engine_boot_seconds']:.1f} s to the token;"
+            f" load {p['load_at_start']:.1f})",
             f"DETECT {detect:.1f} s   (goal <= 2 x interval = {goal:g} s: {'met' if detect <= goal else 'NOT met'})",
             f"RATIO recovery/plain restart: {ratio:.2f}   (goal <= {RECOVER_GOAL}:"
             f" {'met' if ratio <= RECOVER_GOAL else 'NOT met'})",

@@ -1,7 +1,8 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The soak's pure summary (benchmarks/soak.py): percentiles, availability, the windows
-around each fault and the counts of the watchdog's incidents. No lab."""
+around each fault and the counts of the watchdog's incidents; the watchdog part's reading of
+the watchdog's Prometheus text and journal (benchmarks/_faults.py, watchdog_recovery.py). No lab."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from benchmarks._faults import parse_metrics, watchdog_verdict
 from benchmarks.soak import Request, check_address, incident_counts, percentile, summarise
+from benchmarks.watchdog_recovery import restart_steps
 from lab.harness import LabError
 
 
@@ -119,3 +121,26 @@ def test_the_watchdogs_prometheus_text():
     )
     assert samples["localinference_watchdog_up"] == 1
     assert watchdog_verdict(samples) == "wedged"
+
+
+# Recorded on the lab (journalctl -u localinference-watchdog -o short-unix), shortened.
+JOURNAL = """\
+1796301505.657534 spark-head watchdog[9745]: look: wedged (restart): no token within 5.0 s while /health answers 200 (2 looks)
+1796301516.211425 spark-head watchdog[9745]: restart: spark-head: stop: {"node": "spark-head", "ok": true}
+1796301520.053090 spark-head watchdog[9745]: restart: spark-worker: stop: {"node": "spark-worker", "ok": true}
+1796301520.217847 spark-head watchdog[9745]: restart: spark-head: verify: {"node": "spark-head", "ok": true}
+1796301521.917382 spark-head watchdog[9745]: restart: spark-worker: start localinference-vllm.service: {"ok": true}
+1796301522.928139 spark-head watchdog[9745]: restart: spark-head: start localinference-vllm.service: {"ok": true}
+1796301574.538432 spark-head systemd[1]: Stopping localinference-watchdog.service - localinference watchdog
+"""
+
+
+def test_the_watchdogs_restart_steps_from_its_journal():
+    steps = restart_steps(JOURNAL, 1796301505.657)
+    assert [(s["node"], s["step"]) for s in steps] == [
+        ("spark-head", "stop"), ("spark-worker", "stop"), ("spark-head", "verify"),
+        ("spark-worker", "start"), ("spark-head", "start")]
+    assert (steps[0]["seconds"], steps[-1]["seconds"]) == (10.55, 17.27)
+    assert restart_steps(JOURNAL, 1796301521.0) == [
+        {"node": "spark-worker", "step": "start", "seconds": 0.92},
+        {"node": "spark-head", "step": "start", "seconds": 1.93}]
