@@ -21,7 +21,7 @@ description:
     bad options.
   - With O(token_probes) (the doctor gives them to the head only), one streamed chat
     completion (C(stream), C(max_tokens=1)) per target in order, each after one C(/health)
-    GET, until a target streams a token: through the ingress with the key read from
+    GET, until a target streams a token - through the ingress with the key read from
     O(key_path) on the node (never returned, never logged), then directly at the engine.
     Each waits at most O(token_deadline) seconds (C(_token_probe), the watchdog's probe).
   - With O(incidents), the last O(incidents_limit) incidents of the watchdog's log, each line

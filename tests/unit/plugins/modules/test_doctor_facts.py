@@ -390,3 +390,28 @@ def test_incidents(tmp_path, name, content, limit, verdicts, problems, exists):
 def test_bad_live_options_are_refused_by_name(args, words):
     out = run_module(doctor_facts, args)
     assert out.failed and words in out.result["msg"], out.result["msg"]
+
+
+def test_the_documented_options_are_the_argument_spec(monkeypatch):
+    """DOCUMENTATION parses (ansible-doc shows it) and lists exactly the module's options."""
+    import yaml
+
+    documented = yaml.safe_load(doctor_facts.DOCUMENTATION)["options"]
+    yaml.safe_load(doctor_facts.EXAMPLES)
+    yaml.safe_load(doctor_facts.RETURN)
+    spec: dict = {}
+
+    def spy(argument_spec, **kwargs):
+        spec.update(argument_spec)
+        raise SystemExit
+
+    monkeypatch.setattr(doctor_facts, "AnsibleModule", spy)
+    with pytest.raises(SystemExit):
+        doctor_facts.main()
+    assert set(documented) == set(spec)
+    for name, option in documented.items():
+        assert option["type"] == spec[name]["type"], name
+        assert option.get("default") == spec[name].get("default"), name
+    sub = documented["token_probes"]["suboptions"]
+    assert set(sub) == set(spec["token_probes"]["options"])
+    assert sub["name"]["choices"] == spec["token_probes"]["options"]["name"]["choices"]
