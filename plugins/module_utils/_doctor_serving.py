@@ -35,13 +35,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._doctor_eviden
     clip,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._findings import text_table
-from ansible_collections.localinference.vllm.plugins.module_utils._ingress import (
-    KEY_ENV,
-    api_key,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
-    ValidationError,
-)
+from ansible_collections.localinference.vllm.plugins.module_utils._ingress import caddy_base
 
 DEFAULT_DEADLINE_S = 20.0
 KEY_PATH = "/etc/localinference/ingress/api-key.env"
@@ -57,18 +51,6 @@ F28_FIX = (
 
 
 # --- where the head probes -----------------------------------------------------------
-
-
-def _caddy_base(listen: Any) -> str | None:
-    """``http://HOST:PORT`` at which the head reaches its own Caddy (``listen`` of ingress.json)."""
-    if not isinstance(listen, str) or ":" not in listen:
-        return None
-    host, _, port = listen.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        return None
-    host = host.strip("[]") or "127.0.0.1"
-    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def _engine_base(recipe: dict[str, Any]) -> str | None:
@@ -90,7 +72,7 @@ def probe_targets(gathered: Any, key_path: Any = KEY_PATH, host: str = "head") -
     node, _ = check_node(host, {"gathered": gathered})
     targets: list[dict[str, Any]] = []
     ingress = node.saved.get("ingress") or {}
-    base = _caddy_base(ingress.get("listen"))
+    base = caddy_base(ingress.get("listen"))
     for route in ingress.get("routes") or []:
         if not isinstance(route, dict) or base is None:
             continue
@@ -121,24 +103,6 @@ def probe_targets(gathered: Any, key_path: Any = KEY_PATH, host: str = "head") -
     recorded = ingress.get("key_file")
     path = recorded if isinstance(recorded, str) and recorded.startswith("/") else key_path
     return {"targets": targets, "key_path": path if isinstance(path, str) else KEY_PATH}
-
-
-def key_from_env_file(text: str, path: str) -> str:
-    """The key of the ingress's env file (one ``LOCALINFERENCE_INGRESS_API_KEY=<key>`` line).
-
-    Raises ValueError with a message that never contains the key.
-    """
-    line = next((raw for raw in text.splitlines() if raw.strip()), "")
-    name, sep, value = line.partition("=")
-    if not sep or name.strip() != KEY_ENV:
-        raise ValueError(
-            f"{path} does not start with a {KEY_ENV}=<key> line: run the ingress stage "
-            "(--tags ingress) to write it"
-        )
-    try:
-        return api_key(path, value.strip())
-    except ValidationError as exc:
-        raise ValueError(f"{exc} (run --tags ingress to write it again)") from None
 
 
 # --- judged -----------------------------------------------------------------------------

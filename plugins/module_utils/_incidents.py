@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import time
 from typing import Any
 
@@ -146,6 +147,8 @@ def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], list[str]]:
 def read_recent(path: str, limit: int = 5) -> dict[str, Any]:
     """The last ``limit`` incidents of ``path``: ``{incidents, problems, exists}``."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the reader for ever
+            return {"incidents": [], "problems": [f"{path}: not a regular file"], "exists": True}
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()

@@ -478,3 +478,35 @@ def exposure(
                 )
             )
     return found
+
+
+# --- read back on the head: the key file and Caddy's own address (doctor, watchdog) ---
+
+def key_from_env_file(text: str, path: str) -> str:
+    """The key of the ingress's env file (one ``LOCALINFERENCE_INGRESS_API_KEY=<key>`` line).
+
+    Raises ValueError with a message that never contains the key.
+    """
+    line = next((raw for raw in text.splitlines() if raw.strip()), "")
+    name, sep, value = line.partition("=")
+    if not sep or name.strip() != KEY_ENV:
+        raise ValueError(
+            f"{path} does not start with a {KEY_ENV}=<key> line: run the ingress stage "
+            "(--tags ingress) to write it"
+        )
+    try:
+        return api_key(path, value.strip())
+    except ValidationError as exc:
+        raise ValueError(f"{exc} (run --tags ingress to write it again)") from None
+
+
+def caddy_base(listen: Any) -> str | None:
+    """``http://HOST:PORT`` at which the head reaches its own Caddy (``listen`` of ingress.json)."""
+    if not isinstance(listen, str) or ":" not in listen:
+        return None
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    host = host.strip("[]") or "127.0.0.1"
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"

@@ -61,7 +61,8 @@ def first_token(base_url: str, model: str, key: str | None, deadline_s: float) -
     events: queue.Queue = queue.Queue()
     started = time.monotonic()
     url = base_url.rstrip("/") + "/chat/completions"
-    thread = threading.Thread(target=_stream, args=(url, chat_body(model), key, deadline_s, events),
+    # The socket outlives the wait by a second: the wait, not the socket, says "no token in time".
+    thread = threading.Thread(target=_stream, args=(url, chat_body(model), key, deadline_s + 1.0, events),
                               daemon=True)
     thread.start()
     try:
@@ -72,6 +73,9 @@ def first_token(base_url: str, model: str, key: str | None, deadline_s: float) -
     if kind == "token":
         return {"ok": True, "ttft_s": round(value - started, 3), "timeout": False,
                 "deadline_s": deadline_s, "error": None}
+    if time.monotonic() - started >= deadline_s:  # the socket gave up as the wait did
+        return {"ok": False, "ttft_s": None, "timeout": True, "deadline_s": deadline_s,
+                "error": f"no token within {deadline_s:g} s"}
     return {"ok": False, "ttft_s": None, "timeout": False, "deadline_s": deadline_s,
             "refused": kind == "refused", "error": value}
 

@@ -27,6 +27,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._commands impo
     CommandError,
     Runner,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._ingress import key_from_env_file
 from ansible_collections.localinference.vllm.plugins.module_utils._metrics import (
     MetricsError,
     summarise,
@@ -56,13 +57,9 @@ def log(message: str) -> None:
 
 
 def read_key(path: str) -> str:
-    """The ingress key from its env file (``NAME=KEY`` or the key alone); never printed."""
+    """The ingress key from its env file (``_ingress.key_from_env_file``); never printed."""
     with open(path, encoding="utf-8") as handle:
-        line = handle.readline(4096).strip()
-    key = line.partition("=")[2] if "=" in line else line
-    if not key or any(c.isspace() for c in key):
-        raise ValueError(f"{path} holds no key on its first line")
-    return key
+        return key_from_env_file(handle.read(4096), path)
 
 
 class Watchdog:

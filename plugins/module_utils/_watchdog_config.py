@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
+from ansible_collections.localinference.vllm.plugins.module_utils._ingress import caddy_base
 
 SCHEMA = 1
 # (key, low, high, integer): every number the program uses, with its bounds.
@@ -204,13 +205,12 @@ def _head_url(ingress: Mapping[str, Any], model: str | None) -> tuple[str, str, 
     if not isinstance(routes, list) or not routes:
         raise ConfigError("ingress.json has no route: run the ingress stage first (--tags ingress)")
     route = next((r for r in routes if r.get("model") == model), routes[0])
-    listen = str(ingress.get("listen") or "")
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    url_host = f"[{host}]" if ":" in host else host
+    base = caddy_base(ingress.get("listen"))
+    if base is None:
+        raise ConfigError(f"ingress.json: listen {str(ingress.get('listen'))[:60]!r} is not HOST:PORT: "
+                          "run the ingress stage again (--tags ingress)")
     # The route's upstream is Caddy's dial address, HOST:PORT ([v6]:PORT).
-    return (f"http://{url_host}:{port}{route.get('prefix', '')}/v1", str(route.get("model")),
+    return (f"{base}{route.get('prefix', '')}/v1", str(route.get("model")),
             f"http://{route.get('upstream')}")
 
 

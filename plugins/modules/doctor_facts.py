@@ -206,10 +206,8 @@ from ansible_collections.localinference.vllm.plugins.module_utils._doctor_eviden
     PROPERTIES,
     parse_show,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._doctor_serving import (
-    key_from_env_file,
-)
 from ansible_collections.localinference.vllm.plugins.module_utils._incidents import read_recent
+from ansible_collections.localinference.vllm.plugins.module_utils._ingress import key_from_env_file
 from ansible_collections.localinference.vllm.plugins.module_utils._state import (
     StateFileError,
     read_text,

@@ -38,10 +38,8 @@ from ansible_collections.localinference.vllm.plugins.module_utils._doctor_contex
 from ansible_collections.localinference.vllm.plugins.module_utils._doctor_evidence import (
     parse_show,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._doctor_serving import (
-    _caddy_base,
-)
 from ansible_collections.localinference.vllm.plugins.module_utils._incidents import read_recent
+from ansible_collections.localinference.vllm.plugins.module_utils._ingress import caddy_base
 
 HERE = Path(__file__).parent
 FIXTURES = HERE.parents[1] / "fixtures"
@@ -362,7 +360,7 @@ def test_token_targets_come_from_the_heads_ingress_result_and_serving_json():
     ],
 )
 def test_the_head_reaches_its_own_caddy_at_its_listen_address(listen, base):
-    assert _caddy_base(listen) == base
+    assert caddy_base(listen) == base
 
 
 def test_probe_urls_come_from_the_heads_saved_ingress_result():

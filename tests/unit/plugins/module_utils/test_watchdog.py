@@ -219,3 +219,29 @@ def test_no_route_is_refused() -> None:
 def test_a_saved_config_that_is_not_one_is_refused(document: Any) -> None:
     with pytest.raises(ConfigError):
         check(document)
+
+
+def test_token_probe_a_silent_stream_is_a_timeout_and_a_closed_port_a_refusal() -> None:
+    import socket
+    import threading
+
+    from ansible_collections.localinference.vllm.plugins.module_utils._token_probe import first_token
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    held = []
+
+    def accept() -> None:  # a wedged engine: takes the request, never answers
+        for _ in range(2):
+            conn, _ = server.accept()
+            held.append(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = server.getsockname()[1]
+    for _ in range(2):
+        silent = first_token(f"http://127.0.0.1:{port}/v1", "m", "k", 0.5)
+        assert (silent["ok"], silent["timeout"]) == (False, True), silent
+    server.close()
+    closed = first_token(f"http://127.0.0.1:{port}/v1", "m", None, 2.0)
+    assert (closed["ok"], closed["timeout"], closed.get("refused")) == (False, False, True), closed
