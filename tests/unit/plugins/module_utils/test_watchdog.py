@@ -225,7 +225,9 @@ def test_token_probe_a_silent_stream_is_a_timeout_and_a_closed_port_a_refusal() 
     import socket
     import threading
 
-    from ansible_collections.localinference.vllm.plugins.module_utils._token_probe import first_token
+    from ansible_collections.localinference.vllm.plugins.module_utils._token_probe import (
+        first_token,
+    )
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
