@@ -407,6 +407,7 @@ class Soak:
             self.pause(WEDGE_AT * self.seconds - self.now())
             if not self.over():
                 self.wedge()
+            # Not before the watchdog has ended the wedge: one fault at a time.
             self.pause(FLAP_AT * self.seconds - self.now())
             if self.now() + self.flap_seconds < self.seconds and not self.over():
                 self.flap()
@@ -428,7 +429,8 @@ class Soak:
             if recovered is None or recovered["outcome"] != "recovered":
                 faults.cont_rank(pids)
                 self.notes.append("the watchdog did not recover the wedge: the rank got kill -CONT")
-        self.faults.append({"name": "wedge", "injected": round(injected, 1), "ended": round(injected, 1),
+        self.faults.append({"name": "wedge", "planned": round(WEDGE_AT * self.seconds, 1),
+                            "injected": round(injected, 1), "ended": round(injected, 1),
                             "watchdog_outcome": None if recovered is None else recovered["outcome"]})
 
     def flap(self) -> None:
@@ -438,7 +440,8 @@ class Soak:
             self.stop.wait(self.flap_seconds)
         finally:
             faults.link("up")
-        self.faults.append({"name": "link_flap", "injected": round(injected, 1), "ended": round(self.now(), 1)})
+        self.faults.append({"name": "link_flap", "planned": round(FLAP_AT * self.seconds, 1),
+                            "injected": round(injected, 1), "ended": round(self.now(), 1)})
 
     def run(self) -> dict[str, Any]:
         self.start, self.start_epoch = time.monotonic(), time.time()
