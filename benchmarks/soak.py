@@ -431,17 +431,19 @@ class Soak:
                 self.notes.append("the watchdog did not recover the wedge: the rank got kill -CONT")
         self.faults.append({"name": "wedge", "planned": round(WEDGE_AT * self.seconds, 1),
                             "injected": round(injected, 1), "ended": round(injected, 1),
+                            "injected_epoch": round(injected_epoch, 3),
                             "watchdog_outcome": None if recovered is None else recovered["outcome"]})
 
     def flap(self) -> None:
         faults.link("down")
-        injected = self.now()
+        injected, injected_epoch = self.now(), time.time()
         try:
             self.stop.wait(self.flap_seconds)
         finally:
             faults.link("up")
         self.faults.append({"name": "link_flap", "planned": round(FLAP_AT * self.seconds, 1),
-                            "injected": round(injected, 1), "ended": round(self.now(), 1)})
+                            "injected": round(injected, 1), "ended": round(self.now(), 1),
+                            "injected_epoch": round(injected_epoch, 3)})
 
     def run(self) -> dict[str, Any]:
         self.start, self.start_epoch = time.monotonic(), time.time()
