@@ -334,7 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             watchdog.step()
         except Exception as exc:  # a look that breaks is logged; the loop goes on
             log(f"look failed: {type(exc).__name__}: {exc}")
-        time.sleep(max(1.0, cfg["interval_s"] - (time.monotonic() - started)))
+        # A first wedge sign is confirmed by the next look at once, not an interval later.
+        confirm = watchdog.state.get("bad_looks", 0) == 1
+        time.sleep(1.0 if confirm else max(1.0, cfg["interval_s"] - (time.monotonic() - started)))
 
 
 def node_main(words: Sequence[str]) -> int:
