@@ -10,8 +10,9 @@ offending character (``'\\n' at position 17``) or value, and the fix.
 
 Kinds: :func:`text` (one line of printable text), :func:`systemd_value` (written
 raw after ``Key=`` in a unit file), :func:`image_reference`, :func:`path`,
-:func:`interface_name`, :func:`unit_name`, :func:`host`, :func:`env_name`,
-:func:`env_value`, :func:`port`, :func:`integer`, :func:`number`, :func:`size`.
+:func:`device`, :func:`interface_name`, :func:`unit_name`, :func:`host`,
+:func:`env_name`, :func:`env_value`, :func:`port`, :func:`integer`, :func:`number`,
+:func:`size`.
 
 ``%`` (systemd specifiers) and ``$`` (variable expansion): systemd expands
 ``%h``, ``%n``... in most settings and ``$VAR`` in command lines.  Words of a
@@ -73,6 +74,12 @@ _HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _INTEGER = re.compile(r"[+-]?[0-9][0-9_]*")
 _SIZE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>[kKmMgGtTpP]?[iI]?[bB]?)")
+# A CDI device name, VENDOR/CLASS=NAME (the CDI parser's rules, pkg/parser/parser.go of
+# github.com/cncf-tags/container-device-interface): nvidia.com/gpu=0, nvidia.com/gpu=all.
+_CDI_PART = r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
+_CDI_DEVICE = re.compile(rf"{_CDI_PART}/{_CDI_PART}=[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+# r, w and m, each at most once.
+_DEVICE_PERMISSIONS = re.compile(r"(?!.*(.).*\1)[rwm]{1,3}")
 
 
 class ValidationError(ValueError):
@@ -275,6 +282,43 @@ def _is_under(value: str, root: str) -> bool:
 def is_under(value: str, roots: tuple[str, ...] | list[str]) -> bool:
     """Whether the (already validated) path ``value`` is one of ``roots`` or below one."""
     return any(_is_under(value, root) for root in roots)
+
+
+def device(name: str, value: Any) -> str:
+    """A device for Quadlet's ``AddDevice=`` (Podman's ``--device``): a CDI name or a node under /dev.
+
+    ``VENDOR/CLASS=NAME`` (``nvidia.com/gpu=0``), or ``[-]HOST[:CONTAINER][:PERMISSIONS]``
+    (podman-systemd.unit(5)) with ``HOST`` a normalised path under ``/dev``, ``CONTAINER``
+    a normalised absolute path and ``PERMISSIONS`` of ``r``, ``w`` and ``m``; the ``-`` prefix
+    adds the device only when the host has it.
+    """
+    value = systemd_value(name, value, max_length=MAX_PATH)
+    if not value.startswith(("/", "-/")):
+        if not _CDI_DEVICE.fullmatch(value):
+            raise ValidationError(
+                name,
+                f"{value!r} is neither a CDI device name nor a device path under /dev",
+                "name a CDI device such as nvidia.com/gpu=0 or a device node such as /dev/infiniband",
+            )
+        return value
+    optional = "-" if value.startswith("-") else ""
+    fields = value[len(optional) :].split(":")
+    if len(fields) > 1 and _DEVICE_PERMISSIONS.fullmatch(fields[-1]):
+        fields, permissions = fields[:-1], [fields[-1]]
+    else:
+        permissions = []
+    if len(fields) > 2:
+        raise ValidationError(
+            name,
+            f"{value!r} has more fields than HOST[:CONTAINER][:PERMISSIONS]",
+            "write e.g. /dev/nvidia0 or /dev/nvidia0:/dev/nvidia0:rw (permissions of r, w, m)",
+        )
+    paths = [path(name, fields[0], under=("/dev",)), *(path(name, f) for f in fields[1:])]
+    if paths[0] == "/dev":
+        raise ValidationError(
+            name, f"{value!r} hands over all of /dev", "name the device node, e.g. /dev/infiniband"
+        )
+    return optional + ":".join(paths + permissions)
 
 
 def interface_name(name: str, value: Any) -> str:
