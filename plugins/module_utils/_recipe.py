@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
@@ -186,32 +188,146 @@ def _option_value(name: str, value: Any, depth: int = 0) -> Any:
     )
 
 
-def normalise(raw: dict[str, Any], plan_max_model_len: int | None = None) -> dict[str, Any]:
-    """Return the canonical recipe: defaults filled, types coerced, ``plan`` resolved.
-
-    Every value that reaches a unit file, a command line or a path is validated
-    here, once (``_validate``); a refusal is a :class:`RecipeError` naming
-    ``vllm_recipe.<key>``, the offending character or value and the fix.
-    Normalising an already normalised recipe returns it unchanged, so a recipe
-    read back from a node (for a rollback) hashes exactly as when written.
-    """
-    try:
-        return _normalise(raw, plan_max_model_len)
-    except RecipeError:
-        raise
-    except ValidationError as exc:
-        raise RecipeError(exc.name, exc.problem, exc.fix) from None
+# --------------------------------------------------------------------------- one check per key
 
 
-def _normalise(raw: Any, plan_max_model_len: Any) -> dict[str, Any]:
+def _model(value: Any) -> str:
+    model = validate.text(_name("model"), value, max_length=200)
+    if not MODEL_ID.fullmatch(model) or ".." in model or "--" in model:
+        raise _fail(
+            "model",
+            f"{model!r} is not a Hugging Face repository id",
+            "write ORG/NAME with letters, digits, '-', '_' and '.' (no '..' or '--')",
+        )
+    return model
+
+
+def _revision(value: Any) -> str:
+    revision = validate.text(_name("revision"), value, max_length=64).lower()
+    if not HEX40.fullmatch(revision):
+        raise _fail("revision", f"{value!r} is not a 40-hex commit", "pin the snapshot commit")
+    return revision
+
+
+def _served_model_name(value: Any) -> str | list[str]:
+    name = _name("served_model_name")
+    if not isinstance(value, list):
+        return validate.text(name, value, strip_ok=False, max_length=256)
+    if not value:
+        raise _fail("served_model_name", "is an empty list", "name the model or drop the key")
+    return [
+        validate.text(f"{name}[{i}]", s, strip_ok=False, max_length=256)
+        for i, s in enumerate(value)
+    ]
+
+
+def _one_of(key: str, what: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise _fail(key, f"unknown {what} {value!r}", f"use {' or '.join(choices)}")
+        return value
+
+    return check
+
+
+def _vllm_version(value: Any) -> str:
+    version = validate.systemd_value(_name("vllm_version"), value)
+    if not VERSION.fullmatch(version) or ".." in version:
+        raise _fail(
+            "vllm_version", f"{version!r} is not a release number", "write it as e.g. 0.32.0"
+        )
+    return version
+
+
+def _max_model_len(value: Any) -> int | str:
+    """A length, or ``plan`` (resolved by :func:`normalise`, kept by :func:`check`)."""
+    return value if value == "plan" else _as_int("max_model_len", value, 1)
+
+
+def _texts(key: str) -> Callable[[Any], list[str]]:
+    def check(value: Any) -> list[str]:
+        return [validate.text(f"{_name(key)}[{i}]", a) for i, a in enumerate(_as_list(key, value))]
+
+    return check
+
+
+def _extra_args(value: Any) -> list[str]:
+    args = _texts("extra_args")(value)
+    for token in args:
+        name = token.split("=", 1)[0]
+        if name.startswith("--") and name[2:].replace("-", "_") in RESERVED_KEYS:
+            raise _fail(
+                "extra_args", f"{name} is set by the collection", "remove it from extra_args"
+            )
+    return args
+
+
+def _devices(value: Any) -> list[str]:
+    return [
+        validate.device(f"{_name('devices')}[{i}]", d)
+        for i, d in enumerate(_as_list("devices", value))
+    ]
+
+
+def _ulimits(value: Any) -> list[str]:
+    return [
+        _ulimit(f"{_name('ulimits')}[{i}]", u) for i, u in enumerate(_as_list("ulimits", value))
+    ]
+
+
+def _env(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise _fail("env", "expected a dict", "write it as NAME: value pairs")
+    env = {}
+    for key, item in value.items():
+        name = validate.env_name(f"{_name('env')} key {validate.shown(key)}", key)
+        env[name] = validate.env_value(f"{_name('env')}.{name}", item)
+    return dict(sorted(env.items()))
+
+
+def _speculative_config(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail("speculative_config", "expected a dict", "write vLLM's JSON keys as YAML")
+    return _option_value(_name("speculative_config"), value)
+
+
+# Every key with a check of its own, in the order a recipe is checked (the first refusal
+# is reported); any other key is a vLLM option (_option_value). The image is checked
+# with the deploy mode (_image).
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "model": _model,
+    "revision": _revision,
+    "served_model_name": _served_model_name,
+    "deploy_mode": _one_of("deploy_mode", "mode", ("quadlet", "systemd")),
+    "vllm_version": _vllm_version,
+    "executor_backend": _one_of("executor_backend", "backend", ("mp", "ray")),
+    "max_model_len": _max_model_len,
+    **{key: partial(_as_int, key, minimum=minimum) for key, minimum in INT_KEYS.items()},
+    **{key: partial(validate.port, _name(key)) for key in sorted(PORT_KEYS)},
+    **{key: partial(_as_float, key) for key in sorted(FLOAT_KEYS)},
+    **{key: partial(_as_bool, key) for key in sorted(BOOL_KEYS)},
+    "host": partial(validate.host, _name("host")),
+    "extra_args": _extra_args,
+    "podman_args": _texts("podman_args"),
+    "devices": _devices,
+    "ulimits": _ulimits,
+    "cache_dir": partial(validate.path, _name("cache_dir")),
+    "entrypoint": _entrypoint,
+    "shm_size": partial(validate.size, _name("shm_size")),
+    "env": _env,
+    "speculative_config": _speculative_config,
+}
+
+
+def _keys(raw: Any) -> dict[str, Any]:
+    """The recipe's keys checked as option names, unset (None) values left out."""
     if not isinstance(raw, dict):
         raise _fail(
             "",
             f"expected a dict of vLLM options and deployment keys, got {validate.shown(raw)}",
             "write vllm_recipe as a YAML mapping",
         )
-    recipe: dict[str, Any] = {}
-    for key, value in raw.items():
+    for key in raw:
         if not isinstance(key, str) or not KEY.fullmatch(key):
             raise _fail(
                 key if isinstance(key, str) and key.isprintable() else validate.shown(key),
@@ -222,70 +338,84 @@ def _normalise(raw: Any, plan_max_model_len: Any) -> dict[str, Any]:
             raise _fail(
                 key, "is set by the collection", f"remove it; it follows {RESERVED_KEYS[key]}"
             )
-        if value is None:
-            continue
-        recipe[key] = value
+    return {key: value for key, value in raw.items() if value is not None}
+
+
+def _each_key(recipe: dict[str, Any]) -> dict[str, Any]:
+    """Every key checked on its own: the table's keys in its order, then the other options."""
+    others = sorted(recipe.keys() - _CHECKS.keys() - {"image"})
+    order = [key for key in _CHECKS if key in recipe] + others
+    checked = {
+        key: _CHECKS.get(key, partial(_option_value, _name(key)))(recipe[key]) for key in order
+    }
+    return {**recipe, **checked}
+
+
+def _image(recipe: dict[str, Any], required: bool) -> None:
+    """The image, pinned by digest for Quadlet (the default mode)."""
+    quadlet = recipe.get("deploy_mode", "quadlet") == "quadlet"
+    if "image" in recipe or (required and quadlet):
+        recipe["image"] = validate.image_reference(
+            _name("image"), recipe.get("image"), require_digest=quadlet
+        )
+
+
+def _refused(check: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """Run ``check``; any refusal becomes a :class:`RecipeError` naming ``vllm_recipe.<key>``."""
+    try:
+        return check(*args)
+    except RecipeError:
+        raise
+    except ValidationError as exc:
+        raise RecipeError(exc.name, exc.problem, exc.fix) from None
+
+
+def normalise(raw: dict[str, Any], plan_max_model_len: int | None = None) -> dict[str, Any]:
+    """Return the canonical recipe: defaults filled, types coerced, ``plan`` resolved.
+
+    Every value that reaches a unit file, a command line or a path is validated
+    here, once (``_validate``); a refusal is a :class:`RecipeError` naming
+    ``vllm_recipe.<key>``, the offending character or value and the fix.
+    Normalising an already normalised recipe returns it unchanged, so a recipe
+    read back from a node (for a rollback) hashes exactly as when written.
+    """
+    return _refused(_normalise, raw, plan_max_model_len)
+
+
+def check(raw: Any) -> dict[str, Any]:
+    """The keys a recipe sets, each checked as :func:`normalise` checks it.
+
+    For a recipe that need not be whole (the plan's lint, ``kv_budget``): no key is
+    required, no default is added and ``max_model_len: plan`` stays ``plan``; a refusal
+    is the same :class:`RecipeError`, so a value the rollout would refuse is refused
+    before the plan is saved.
+    """
+    return _refused(_check, raw)
+
+
+def _check(raw: Any) -> dict[str, Any]:
+    recipe = _each_key(_keys(raw))
+    _image(recipe, required=False)
+    return recipe
+
+
+def _normalise(raw: Any, plan_max_model_len: Any) -> dict[str, Any]:
+    recipe = _keys(raw)
     for key, default in {**DEPLOY_DEFAULTS, **VLLM_DEFAULTS}.items():
         recipe.setdefault(key, json.loads(json.dumps(default)))
-
     for key in ("model", "revision"):
         if recipe.get(key) in (None, ""):
             raise _fail(key, "is required", "set the Hugging Face id and its pinned 40-hex commit")
-    recipe["model"] = validate.text(_name("model"), recipe["model"], max_length=200)
-    model = recipe["model"]
-    if not MODEL_ID.fullmatch(model) or ".." in model or "--" in model:
-        raise _fail(
-            "model",
-            f"{recipe['model']!r} is not a Hugging Face repository id",
-            "write ORG/NAME with letters, digits, '-', '_' and '.' (no '..' or '--')",
-        )
-    revision = validate.text(_name("revision"), recipe["revision"], max_length=64).lower()
-    if not HEX40.fullmatch(revision):
-        raise _fail(
-            "revision", f"{raw.get('revision')!r} is not a 40-hex commit", "pin the snapshot commit"
-        )
-    recipe["revision"] = revision
-    served = recipe.setdefault("served_model_name", recipe["model"])
-    if isinstance(served, list):
-        if not served:
-            raise _fail("served_model_name", "is an empty list", "name the model or drop the key")
-        recipe["served_model_name"] = [
-            validate.text(f"{_name('served_model_name')}[{i}]", s, strip_ok=False, max_length=256)
-            for i, s in enumerate(served)
-        ]
-    else:
-        recipe["served_model_name"] = validate.text(
-            _name("served_model_name"), served, strip_ok=False, max_length=256
-        )
-
-    if recipe["deploy_mode"] not in ("quadlet", "systemd"):
-        raise _fail(
-            "deploy_mode", f"unknown mode {recipe['deploy_mode']!r}", "use quadlet or systemd"
-        )
-    if recipe["deploy_mode"] == "quadlet" or recipe.get("image") is not None:
-        recipe["image"] = validate.image_reference(
-            _name("image"), recipe.get("image"), require_digest=recipe["deploy_mode"] == "quadlet"
-        )
     if recipe["deploy_mode"] == "systemd" and not recipe.get("vllm_version"):
         raise _fail(
             "vllm_version",
             "is required for deploy_mode systemd",
             "set the vLLM release, e.g. 0.32.0",
         )
-    if "vllm_version" in recipe:
-        version = validate.systemd_value(_name("vllm_version"), recipe["vllm_version"])
-        if not VERSION.fullmatch(version) or ".." in version:
-            raise _fail(
-                "vllm_version", f"{version!r} is not a release number", "write it as e.g. 0.32.0"
-            )
-        recipe["vllm_version"] = version
-    if recipe["executor_backend"] not in ("mp", "ray"):
-        raise _fail(
-            "executor_backend", f"unknown backend {recipe['executor_backend']!r}", "use mp or ray"
-        )
-
-    mml = recipe.get("max_model_len")
-    if mml == "plan":
+    recipe.setdefault("served_model_name", recipe["model"])
+    recipe = _each_key(recipe)
+    _image(recipe, required=True)
+    if recipe.get("max_model_len") == "plan":
         if plan_max_model_len is None:
             raise _fail(
                 "max_model_len",
@@ -295,60 +425,8 @@ def _normalise(raw: Any, plan_max_model_len: Any) -> dict[str, Any]:
         recipe["max_model_len"] = validate.integer(
             "plan_max_model_len", plan_max_model_len, minimum=1, maximum=MAX_INT
         )
-    elif mml is not None:
-        recipe["max_model_len"] = _as_int("max_model_len", mml, 1)
-
-    for key, minimum in INT_KEYS.items():
-        if key in recipe:
-            recipe[key] = _as_int(key, recipe[key], minimum)
-    for key in PORT_KEYS & recipe.keys():
-        recipe[key] = validate.port(_name(key), recipe[key])
-    for key in FLOAT_KEYS & recipe.keys():
-        recipe[key] = _as_float(key, recipe[key])
-    for key in BOOL_KEYS & recipe.keys():
-        recipe[key] = _as_bool(key, recipe[key])
-    recipe["host"] = validate.host(_name("host"), recipe["host"])
-    recipe["extra_args"] = [
-        validate.text(f"{_name('extra_args')}[{i}]", a)
-        for i, a in enumerate(_as_list("extra_args", recipe["extra_args"]))
-    ]
-    recipe["podman_args"] = [
-        validate.text(f"{_name('podman_args')}[{i}]", a)
-        for i, a in enumerate(_as_list("podman_args", recipe["podman_args"]))
-    ]
-    recipe["devices"] = [
-        validate.systemd_value(f"{_name('devices')}[{i}]", d, max_length=validate.MAX_PATH)
-        for i, d in enumerate(_as_list("devices", recipe["devices"]))
-    ]
-    recipe["ulimits"] = [
-        _ulimit(f"{_name('ulimits')}[{i}]", u)
-        for i, u in enumerate(_as_list("ulimits", recipe["ulimits"]))
-    ]
-    recipe["cache_dir"] = validate.path(_name("cache_dir"), recipe["cache_dir"])
-    recipe["entrypoint"] = _entrypoint(recipe["entrypoint"])
     if not recipe["ipc_host"]:
         recipe.setdefault("shm_size", "1g")
-    if "shm_size" in recipe:
-        recipe["shm_size"] = validate.size(_name("shm_size"), recipe["shm_size"])
-    if not isinstance(recipe["env"], dict):
-        raise _fail("env", "expected a dict", "write it as NAME: value pairs")
-    env = {}
-    for key, value in recipe["env"].items():
-        name = validate.env_name(f"{_name('env')} key {validate.shown(key)}", key)
-        env[name] = validate.env_value(f"{_name('env')}.{name}", value)
-    recipe["env"] = dict(sorted(env.items()))
-    if "speculative_config" in recipe and not isinstance(recipe["speculative_config"], dict):
-        raise _fail("speculative_config", "expected a dict", "write vLLM's JSON keys as YAML")
-    for token in recipe["extra_args"]:
-        name = token.split("=", 1)[0]
-        if name.startswith("--") and name[2:].replace("-", "_") in RESERVED_KEYS:
-            raise _fail(
-                "extra_args", f"{name} is set by the collection", "remove it from extra_args"
-            )
-    checked = DEPLOY_KEYS | INT_KEYS.keys() | PORT_KEYS | FLOAT_KEYS | BOOL_KEYS | {"host"}
-    checked |= {"max_model_len", "served_model_name"}
-    for key in sorted(recipe.keys() - checked):
-        recipe[key] = _option_value(_name(key), recipe[key])
     return json.loads(canonical_json(recipe))
 
 
@@ -450,7 +528,9 @@ def _weights_digest(name: str, value: Any) -> str:
         return ""
     if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
         raise ValidationError(
-            name, f"{validate.shown(value)} is not a sha256", "leave it empty or re-run the weights stage"
+            name,
+            f"{validate.shown(value)} is not a sha256",
+            "leave it empty or re-run the weights stage",
         )
     return value
 

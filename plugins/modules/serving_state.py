@@ -16,10 +16,10 @@ description:
   - C(state=verified) proves the node's document and unit files equal what the inventory asks
     and fails with the difference otherwise (failure F10, a stale reconciled registry).
   - Every recipe and node value that reaches a unit file, a command line or a path is validated
-    first (no control characters, image pinned by digest, absolute normalised paths, host names,
-    environment names, ports in range); a refusal names the variable, the offending character
-    and the fix. Rendered units are checked again; a line the template did not write is an error
-    and nothing is written.
+    first (no control characters, image pinned by digest, absolute normalised paths, C(devices) as
+    CDI names or nodes under C(/dev), host names, environment names, ports in range); a refusal
+    names the variable, the offending character and the fix. Rendered units are checked again; a
+    line the template did not write is an error and nothing is written.
   - The node's state document is never trusted. It is schema-checked; a malformed one (not an
     object, a unit without C(sha256), a path that is a directory, binary or invalid JSON) is
     reported as an F10 difference (RV(differences), RV(live_findings)), never a traceback. Only

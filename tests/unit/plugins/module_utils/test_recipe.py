@@ -10,6 +10,7 @@ import pytest
 from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
     Node,
     RecipeError,
+    check,
     make_node,
     normalise,
     option_flags,
@@ -207,6 +208,32 @@ def test_invalid_recipes_name_the_key_and_fix(change, message):
     raw.update(change)
     with pytest.raises(RecipeError, match=message):
         normalise(raw)
+
+
+def test_check_of_part_of_a_recipe_adds_nothing_and_keeps_plan():
+    part = {"max_model_len": "plan", "max_num_seqs": "4", "gpu_memory_utilization": "0.9"}
+    assert check(part) == {"max_model_len": "plan", "max_num_seqs": 4, "gpu_memory_utilization": 0.9}
+    assert check({}) == {}
+    assert check(FULL) == {k: v for k, v in normalise(FULL).items() if k in FULL}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"served_model_name": "m\nx"}, r"vllm_recipe\.served_model_name: contains '\\n'"),
+        ({"gpu_memory_utilization": float("nan")}, r"gpu_memory_utilization: nan is not a finite"),
+        ({"devices": ["/dev/../etc"]}, r"vllm_recipe\.devices\[0\]: '/dev/\.\./etc' is not normalised"),
+        ({"image": "vllm/vllm-openai:latest"}, r"vllm_recipe\.image: .*not pinned by digest"),
+        ({"max_model_len": "Plan"}, r"max_model_len: expected an integer, got 'Plan'"),
+        ({"node_rank": 1}, r"node_rank: is set by the collection"),
+    ],
+)
+def test_check_refuses_what_normalise_refuses(change, message):
+    """A key the plan lints is refused as the rollout would refuse it, without needing the rest."""
+    with pytest.raises(RecipeError, match=message):
+        check(change)
+    with pytest.raises(RecipeError, match=message):
+        normalise({**FULL, **change})
 
 
 def test_systemd_mode_needs_no_image():
