@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
+
 GIB = 1024**3
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -24,11 +26,13 @@ class RecipeInputError(ValueError):
 
 
 def parse_size(value: Any, name: str) -> int:
-    """Bytes from ``1g``/``512m``/``8GiB``/an integer (binary units, as Podman reads them)."""
+    """Bytes from ``1g``/``512m``/``8GiB``/a finite number (binary units, as Podman reads them)."""
     if isinstance(value, bool):
         raise RecipeInputError(f"{name} must be a size such as 1g or a byte count, got {value!r}")
-    if isinstance(value, int | float):
-        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(validate.number(name, value))
     match = _SIZE.match(str(value))
     if not match:
         raise RecipeInputError(f"{name} must be a size such as 1g or a byte count, got {value!r}")

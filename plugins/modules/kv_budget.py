@@ -110,14 +110,20 @@ options:
       - Keys C(context), C(output) (required), C(input), C(reserved).
     type: dict
   recipe:
-    description: The inventory recipe C(vllm_recipe) (vLLM option names with underscores) to lint.
+    description:
+      - The inventory recipe C(vllm_recipe) (vLLM option names with underscores) to lint.
+      - Each key it sets is checked as the rollout checks it (a one-line C(served_model_name), a
+        finite C(gpu_memory_utilization) in (0, 1], C(devices) as CDI names or nodes under C(/dev),
+        ...), so a value the rollout would refuse fails here, naming C(vllm_recipe.<key>), before a
+        plan is made of it. No key is required; C(max_model_len) may be C(plan).
     type: dict
     default: {}
   host_limits:
     description:
       - Host limits for the offload check (F16), for example from preflight facts, in bytes.
       - Keys C(shm_size_bytes), C(shm_free_bytes), C(memlock_bytes) (C(-1) or C(unlimited) for no
-        limit) and C(mem_available_bytes); missing keys are not checked.
+        limit) and C(mem_available_bytes), each a size such as C(8g) or a finite byte count;
+        missing keys are not checked.
     type: dict
   calibration:
     description:
@@ -320,6 +326,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils._kv_model impo
     plan_kv,
     scheduled_tokens,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
+    check as check_recipe,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint import (
     RecipeInputError,
     lint_context,
@@ -330,6 +339,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint i
     parse_size,
     recipe_max_model_len,
     speculative_settings,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+    ValidationError,
 )
 
 ARGUMENT_SPEC: dict[str, Any] = {
@@ -360,7 +372,8 @@ ARGUMENT_SPEC: dict[str, Any] = {
 
 
 def _effective_recipe(params: dict[str, Any]) -> dict[str, Any]:
-    recipe = dict(params["recipe"] or {})
+    """The recipe's keys as the rollout checks them, then the options that override them."""
+    recipe = check_recipe(params["recipe"] or {})
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         if params[key] is not None:
             recipe[key] = params[key]
@@ -626,7 +639,7 @@ def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         result = compute(module.params)
-    except (KvInputError, ClientInputError, RecipeInputError) as exc:
+    except (KvInputError, ClientInputError, RecipeInputError, ValidationError) as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, **result)
 

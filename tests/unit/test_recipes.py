@@ -341,9 +341,15 @@ def test_choice_values_exist_in_vllm_0_32_0_or_are_declared(path):
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_plan_lint_is_clean(path):
-    """The plan's lint-only path (no boot observed yet) on the recipe as the inventory gives it."""
+    """The plan's lint-only path (no boot observed yet) on the recipe as the inventory gives it
+    (its REQUIRED placeholders pinned, as the recipe's header says); the plan refuses a
+    placeholder itself as the rollout does, naming the key."""
     document = _load(path)
-    result = run_module(kv_budget, {"recipe": document["vllm_recipe"]})
+    placeholders = document["required_placeholders"]
+    if placeholders:
+        refused = run_module(kv_budget, {"recipe": document["vllm_recipe"]})
+        assert refused.failed and refused.result["msg"].startswith(f"vllm_recipe.{placeholders[0]}: ")
+    result = run_module(kv_budget, {"recipe": _filled(document)})
     assert not result.failed, result.result.get("msg")
     found = {"error": [], "warning": []}
     for violation in result.result["violations"]:

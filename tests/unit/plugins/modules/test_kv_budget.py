@@ -190,6 +190,36 @@ def test_check_mode_is_the_same():
         ({"observations": SEED000, "prompt_floor": -5}, "prompt_floor must not be negative"),
         ({"observations": [{"kv_tokens": 1}]}, "observations[0].max_model_len is missing"),
         ({"observations": SEED000, "recipe": {"max_num_seqs": "x"}}, "recipe.max_num_seqs"),
+        # The recipe's keys are checked as the rollout checks them (_recipe.check).
+        (
+            {"observations": SEED000, "recipe": {"served_model_name": "tiny\n[Service]"}},
+            "vllm_recipe.served_model_name: contains '\\n' (a line break) at position 4",
+        ),
+        (
+            {"observations": SEED000, "recipe": {"gpu_memory_utilization": float("nan")}},
+            "vllm_recipe.gpu_memory_utilization: nan is not a finite number",
+        ),
+        (
+            {"observations": SEED000, "recipe": {"devices": ["/dev/../etc/shadow"]}},
+            "vllm_recipe.devices[0]: '/dev/../etc/shadow' is not normalised (contains '..')",
+        ),
+        # vLLM reads 64m as 64,000,000 bytes, the plan's sizes as 64 MiB: bytes only.
+        (
+            {"observations": SEED000, "recipe": {"kv_cache_memory_bytes": "64m"}},
+            "vllm_recipe.kv_cache_memory_bytes: expected an integer, got '64m'",
+        ),
+        (
+            {"observations": SEED000, "recipe": {"max_model_len": "Plan"}},
+            "vllm_recipe.max_model_len: expected an integer, got 'Plan'",
+        ),
+        (
+            {
+                "observations": SEED000,
+                "recipe": {"kv_offloading_size": 1},
+                "host_limits": {"shm_free_bytes": float("nan")},
+            },
+            "host_limits.shm_free_bytes: nan is not a finite number",
+        ),
     ],
 )
 def test_bad_input_fails_naming_the_option(args, message):
@@ -215,12 +245,12 @@ LAB_BOOTS = [
 PINNED = [
     # (recipe, expected memory source, expected context at min_concurrency 2)
     (
-        {"max_model_len": "plan", "kv_cache_memory_bytes": "64m"},
+        {"max_model_len": "plan", "kv_cache_memory_bytes": 64 * 1024**2},
         "recipe.kv_cache_memory_bytes",
         65536,
     ),
     (
-        {"max_model_len": "plan", "kv_cache_memory_bytes": "32m"},
+        {"max_model_len": "plan", "kv_cache_memory_bytes": 32 * 1024**2},
         "recipe.kv_cache_memory_bytes",
         32768,
     ),
@@ -271,10 +301,10 @@ def test_observations_path_adds_the_heads_file_and_refuses_garbage(tmp_path):
 
 WEAKEST = [
     # (weakest rank, recipe, fits, F4 expected)
-    ({"host": "spark-worker", "free_gib": 7.5}, {"kv_cache_memory_bytes": "64m"}, True, False),
+    ({"host": "spark-worker", "free_gib": 7.5}, {"kv_cache_memory_bytes": 64 * 1024**2}, True, False),
     (
         {"host": "spark-worker", "free_bytes": 32 * 1024**2},
-        {"kv_cache_memory_bytes": "64m"},
+        {"kv_cache_memory_bytes": 64 * 1024**2},
         False,
         True,
     ),
