@@ -89,7 +89,17 @@ $(LAB)/tools/quadlet:
 	  --entrypoint cat localhost/localinference-lab-host:trixie /usr/libexec/podman/quadlet > $@.tmp
 	chmod +x $@.tmp && mv $@.tmp $@
 
-test-unit: bootstrap $(LAB)/tools/quadlet
+# promtool (`promtool check rules`, `promtool test rules`) for the unit tests of the
+# monitoring's rules, taken out of Debian's package without installing it (trixie
+# ships it as `promtool`, bookworm inside `prometheus`): no service is set up.
+$(LAB)/tools/promtool:
+	rm -rf $(LAB)/tools/promtool-deb && mkdir -p $(LAB)/tools/promtool-deb
+	cd $(LAB)/tools/promtool-deb && { apt-get download -qq promtool 2>/dev/null || apt-get download -qq prometheus; }
+	dpkg-deb -x $(LAB)/tools/promtool-deb/*.deb $(LAB)/tools/promtool-deb/root
+	cp $(LAB)/tools/promtool-deb/root/usr/bin/promtool $@.tmp && chmod +x $@.tmp && mv $@.tmp $@
+	rm -rf $(LAB)/tools/promtool-deb
+
+test-unit: bootstrap $(LAB)/tools/quadlet $(LAB)/tools/promtool
 	$(BIN)/pytest tests/unit -q
 	$(BIN)/ruff check .
 
