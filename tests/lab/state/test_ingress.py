@@ -137,6 +137,7 @@ def test_the_key_is_in_no_config_log_or_command_line():
 
 
 WATCHDOG_PORT = 9109
+MONITORING_PORTS = (9090, 9093, 9100)
 # Every listening socket on the lab hosts, and why it is there.
 INTENDED = {
     "sshd": "the image's sshd (port 22, every address); the lab drives the hosts through podman exec",
@@ -145,6 +146,8 @@ INTENDED = {
     "vllm:8000": "vLLM's API, loopback only: Caddy proxies to it",
     "engine:cluster": "vLLM's ranks and engine (gloo, ZMQ) on the cluster address",
     "watchdog:9109": "the watchdog's Prometheus text, loopback only (Prometheus on the head scrapes it)",
+    "monitoring:head": "Prometheus (9090), Alertmanager (9093, no gossip port) and node exporter (9100) on the head, loopback only",
+    "node-exporter:cluster": "a worker's node exporter (9100) on its cluster address only: the head's Prometheus scrapes it",
     "torch-store": (
         "torch's TCPStore of the TP ranks (port 29501): PyTorch binds its store server to every "
         "address whatever MASTER_ADDR says (measured with torch 2.13, libuv and classic backends); "
@@ -166,6 +169,10 @@ def classify(host: str, sock: dict[str, Any]) -> str | None:
         return "vllm:8000"
     if port == WATCHDOG_PORT and loopback and host == HEAD:
         return "watchdog:9109"
+    if process.startswith("prometheus") and port in MONITORING_PORTS and loopback and host == HEAD:
+        return "monitoring:head"
+    if process.startswith("prometheus-node") and port == 9100 and address == CLUSTER_ADDRESSES[host]:
+        return "node-exporter:cluster"
     # The ranks' processes are titled VLLM::Worker_TP*, VLLM::EngineCore or plain
     # python depending on the boot; the cluster link is private either way.
     if process.startswith(("VLLM::", "vllm", "python")) and address == CLUSTER_ADDRESSES[host]:
