@@ -10,7 +10,6 @@ and its Prometheus text on the head's loopback. Everything goes through lab/harn
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -23,19 +22,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lab.harness import (
     CLUSTER_IF,
     HEAD,
+    RANK_PATTERN,
     VLLM_UNIT,
+    WATCHDOG_UNIT,
     WORKER,
     LabError,
     exec_on,
+    incidents,
     inventory_var,
+    rank_pids,
     streams_a_token,
+    watchdog_active,
 )
 
-WATCHDOG = "localinference-watchdog.service"
-INCIDENTS = "/var/lib/localinference/incidents.jsonl"
+WATCHDOG = WATCHDOG_UNIT
 METRICS_URL = "http://127.0.0.1:9109/metrics"
-# The worker's tensor-parallel rank (vLLM's process title).
-RANK = "VLLM::Worker_TP1"
+RANK = RANK_PATTERN
 # Outcomes that end a restart the watchdog made (or refused to make).
 ENDED = ("recovered", "failed", "budget-spent", "paged")
 SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$")
@@ -44,20 +46,6 @@ SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?
 def interval() -> float:
     """``watchdog_interval_s`` as the lab inventory gives it to the head."""
     return float(inventory_var("watchdog_interval_s"))
-
-
-def incidents(since: float = 0.0) -> list[dict[str, Any]]:
-    """The head's incident records whose epoch is at or after ``since`` (a torn line is skipped)."""
-    text = exec_on(HEAD, "cat", INCIDENTS, check=False).stdout
-    records = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and float(record.get("epoch") or 0) >= since:
-            records.append(record)
-    return records
 
 
 def first_incident(since: float, **match: Any) -> dict[str, Any] | None:
@@ -89,11 +77,6 @@ def parse_metrics(text: str) -> dict[str, float]:
 def watchdog_metrics() -> dict[str, float]:
     done = exec_on(HEAD, "curl", "-s", "-m", "5", METRICS_URL, check=False)
     return parse_metrics(done.stdout)
-
-
-def watchdog_active() -> bool:
-    done = exec_on(HEAD, "systemctl", "is-active", WATCHDOG, check=False)
-    return done.stdout.strip() == "active"
 
 
 def watchdog_verdict(samples: dict[str, float]) -> str | None:
@@ -131,10 +114,6 @@ def wait_watched_and_serving(timeout: float = 600, every: float = 5) -> dict[str
                 return {"verdict": verdict, "budget_left": budget_left(samples)}
         time.sleep(every)
     raise LabError(f"the lab is not watched and serving after {timeout:g} s: {missing}")
-
-
-def rank_pids() -> list[str]:
-    return exec_on(WORKER, "pgrep", "-f", RANK, check=False).stdout.split()
 
 
 def stop_rank() -> tuple[list[str], float]:

@@ -585,3 +585,46 @@ def streams_a_token(base: str | None = None, model: str = MODEL, timeout: float 
     except (LabError, ValueError):
         return False
     return True
+
+
+# --- the head's watchdog (role watchdog): one set of helpers for tests/lab and benchmarks/ ---
+WATCHDOG_UNIT = "localinference-watchdog.service"
+INCIDENTS_FILE = "/var/lib/localinference/incidents.jsonl"
+# The worker's tensor-parallel rank: its processes are titled VLLM::Worker_TP1 (or VLLM::…) or
+# still show the venv's python, depending on the boot; stopping them all stops the rank.
+RANK_PATTERN = "VLLM::|/opt/vllm/bin/python"
+
+
+def watchdog_active() -> bool:
+    done = exec_on(HEAD, "systemctl", "is-active", WATCHDOG_UNIT, check=False)
+    return done.stdout.strip() == "active"
+
+
+def incidents(since: float = 0.0) -> list[dict[str, Any]]:
+    """The head's incident records whose epoch is at or after ``since`` (a torn line is skipped)."""
+    text = exec_on(HEAD, "cat", INCIDENTS_FILE, check=False).stdout
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and float(record.get("epoch") or 0) >= since:
+            records.append(record)
+    return records
+
+
+def rank_pids() -> list[str]:
+    """The pids of the worker's rank (:data:`RANK_PATTERN`)."""
+    return exec_on(WORKER, "pgrep", "-f", RANK_PATTERN, check=False).stdout.split()
+
+
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float, every: float = 2.0) -> Any:
+    """``predicate()``'s first true value within ``timeout`` seconds, else AssertionError naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"{what} did not happen within {timeout:g} s")

@@ -8,14 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.harness import HEAD, exec_on, lab_up
-
-WATCHDOG = "localinference-watchdog.service"
-
-
-def _active() -> bool:
-    done = exec_on(HEAD, "systemctl", "is-active", WATCHDOG, check=False)
-    return done.stdout.strip() == "active"
+from lab.harness import HEAD, WATCHDOG_UNIT, exec_on, lab_up, watchdog_active
 
 
 @pytest.fixture(autouse=True)
@@ -23,11 +16,11 @@ def watchdog_paused(request: pytest.FixtureRequest):
     if request.node.get_closest_marker("watchdog") or not lab_up():
         yield
         return
-    running = _active()
+    running = watchdog_active()
     if running:
-        exec_on(HEAD, "systemctl", "stop", WATCHDOG)
+        exec_on(HEAD, "systemctl", "stop", WATCHDOG_UNIT)
     try:
         yield
     finally:
         if running:
-            exec_on(HEAD, "systemctl", "start", WATCHDOG)
+            exec_on(HEAD, "systemctl", "start", WATCHDOG_UNIT)

@@ -7,7 +7,7 @@ answering 200 and the units stay active; only a streamed token tells. The doctor
 
 The head's watchdog would restart the engine in the middle of the test: it is stopped for the
 test (``tests/lab/faults/conftest.py`` stops it around every fault test not marked
-``watchdog``; :func:`watchdog_stopped` makes sure of it here too) and started again afterwards.
+``watchdog``) and started again afterwards.
 
 Measured on the lab: see the test's printed timings (``pytest -s``).
 """
@@ -15,15 +15,16 @@ Measured on the lab: see the test's printed timings (``pytest -s``).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from lab.harness import (
     HEAD,
+    RANK_PATTERN,
     WORKER,
     api_key,
     exec_on,
+    rank_pids,
     rollout,
     run_playbook,
     streams_a_token,
@@ -31,34 +32,14 @@ from lab.harness import (
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_hosts")]
 
-WATCHDOG = "localinference-watchdog.service"
-RANK = "VLLM::Worker_TP1"
 # The doctor's default deadline per probe: with the rank stopped the ingress and the engine
 # each wait it out, the rest of the doctor takes ~20 s on the lab.
 TOKEN_DEADLINE = 20
 DOCTOR_SECONDS = 2 * TOKEN_DEADLINE + 60
 
 
-def _watchdog_active() -> bool:
-    done = exec_on(HEAD, "systemctl", "is-active", WATCHDOG, check=False)
-    return done.stdout.strip() == "active"
-
-
 @pytest.fixture
-def watchdog_stopped() -> Iterator[None]:
-    """The watchdog (when installed and running) stopped for the test, started again after."""
-    running = _watchdog_active()
-    if running:
-        exec_on(HEAD, "systemctl", "stop", WATCHDOG)
-    try:
-        yield
-    finally:
-        if running:
-            exec_on(HEAD, "systemctl", "start", WATCHDOG)
-
-
-@pytest.fixture
-def serving(watchdog_stopped) -> None:
+def serving() -> None:
     if not streams_a_token(timeout=60):
         proc = rollout(tags="rollout")
         assert proc.rc == 0, proc.tail()
@@ -81,8 +62,8 @@ def doctor():
 
 
 def test_a_stopped_tensor_parallel_rank_is_named_f28_and_cleared_by_cont(serving):
-    ranks = exec_on(WORKER, "pgrep", "-f", RANK, check=False).stdout.split()
-    assert ranks, f"no process {RANK!r} on {WORKER}"
+    ranks = rank_pids()
+    assert ranks, f"no process {RANK_PATTERN!r} on {WORKER}"
     exec_on(WORKER, "kill", "-STOP", *ranks)
     try:
         # The picture of issue 25: the API server still answers.
@@ -92,7 +73,7 @@ def test_a_stopped_tensor_parallel_rank_is_named_f28_and_cleared_by_cont(serving
     finally:
         exec_on(WORKER, "kill", "-CONT", *ranks, check=False)
         continued = time.monotonic()
-    print(f"\ndoctor with {RANK} stopped: {wedged.seconds:.1f} s (rc {wedged.rc})")
+    print(f"\ndoctor with the rank stopped: {wedged.seconds:.1f} s (rc {wedged.rc})")
     assert wedged.rc != 0, wedged.tail()
     assert "DOCTOR: healthy" not in wedged.flat, wedged.tail()
     assert "F28 (spark-head)" in wedged.flat, wedged.tail()

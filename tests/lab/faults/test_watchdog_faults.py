@@ -21,22 +21,23 @@ import pytest
 from lab.harness import (
     CLUSTER_IF,
     HEAD,
+    RANK_PATTERN,
     VLLM_UNIT,
+    WATCHDOG_UNIT,
     WORKER,
     exec_on,
+    incidents,
     inventory_var,
+    rank_pids,
     streams_a_token,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.lab, pytest.mark.watchdog, pytest.mark.usefixtures("lab_hosts")]
 
-WATCHDOG = "localinference-watchdog.service"
-INCIDENTS = "/var/lib/localinference/incidents.jsonl"
+WATCHDOG = WATCHDOG_UNIT
 STATE = "/var/lib/localinference/watchdog-state.json"
 CADDY = "caddy.service"
-# The worker's rank: its processes are titled VLLM::Worker_TP1 (or VLLM::…) or still show the
-# venv's python, depending on the boot; stopping them all is the rank stopped.
-RANK = "VLLM::|/opt/vllm/bin/python"
 
 
 def interval() -> float:
@@ -45,21 +46,6 @@ def interval() -> float:
 
 def invocation(host: str, unit: str) -> str:
     return exec_on(host, "systemctl", "show", "-p", "InvocationID", "--value", unit).stdout.strip()
-
-
-def incidents() -> list[dict[str, Any]]:
-    text = exec_on(HEAD, "cat", INCIDENTS, check=False).stdout
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def wait_for(what: str, predicate, timeout: float, every: float = 2.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"{what} did not happen within {timeout:g} s")
 
 
 def new_incident(seen: int, **match: Any) -> dict[str, Any] | None:
@@ -82,20 +68,16 @@ def alerts() -> list[str] | None:
         return None
 
 
-def pids(host: str, pattern: str) -> list[str]:
-    return exec_on(host, "pgrep", "-f", pattern, check=False).stdout.split()
-
-
 @contextmanager
-def stopped(host: str, pattern: str) -> Iterator[list[str]]:
-    """``kill -STOP`` (an NCCL hang as seen from outside); always ``kill -CONT`` after."""
-    found = pids(host, pattern)
-    assert found, f"no process {pattern!r} on {host}"
-    exec_on(host, "kill", "-STOP", *found)
+def stopped_rank() -> Iterator[list[str]]:
+    """``kill -STOP`` of the worker's rank (an NCCL hang as seen from outside); always ``-CONT``."""
+    found = rank_pids()
+    assert found, f"no process {RANK_PATTERN!r} on {WORKER}"
+    exec_on(WORKER, "kill", "-STOP", *found)
     try:
         yield found
     finally:
-        exec_on(host, "kill", "-CONT", *found, check=False)
+        exec_on(WORKER, "kill", "-CONT", *found, check=False)
 
 
 def reset_budget() -> None:
@@ -123,7 +105,7 @@ def test_a_stopped_tensor_parallel_rank_is_detected_and_recovered_in_order():
     seen, caddy = len(incidents()), invocation(HEAD, CADDY)
     before = {h: invocation(h, VLLM_UNIT) for h in (HEAD, WORKER)}
     started = time.monotonic()
-    with stopped(WORKER, RANK):
+    with stopped_rank():
         wedged = wait_for("the wedge verdict", lambda: new_incident(seen, verdict="wedged"), 6 * interval())
         detected = time.monotonic() - started
     assert detected <= 2 * interval() + 30, f"detected after {detected:.0f} s"
@@ -149,7 +131,7 @@ def test_a_stopped_tensor_parallel_rank_is_detected_and_recovered_in_order():
 
 def test_the_heads_server_killed_is_down_and_recovered():
     seen, caddy = len(incidents()), invocation(HEAD, CADDY)
-    server = pids(HEAD, "vllm serve")
+    server = exec_on(HEAD, "pgrep", "-f", "vllm serve", check=False).stdout.split()
     assert server, "no vllm serve process on the head"
     exec_on(HEAD, "kill", "-KILL", *server)
     record = wait_for("the recovery", lambda: new_incident(seen, verdict="down", action="restart",
@@ -207,7 +189,7 @@ def test_a_fourth_wedge_inside_the_window_pages_and_does_not_restart():
     seen = len(incidents())
     engine = {h: invocation(h, VLLM_UNIT) for h in (HEAD, WORKER)}
     try:
-        with stopped(WORKER, RANK):
+        with stopped_rank():
             record = wait_for("the page", lambda: new_incident(seen, verdict="wedged"), 8 * interval())
             assert (record["action"], record["outcome"]) == ("page", "budget-spent"), record
             assert "localinference_watchdog_budget_spent 1" in metrics()
