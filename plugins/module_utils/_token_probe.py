@@ -16,13 +16,12 @@ import json
 import queue
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any
+from urllib.parse import urlsplit
 
 from ansible_collections.localinference.vllm.plugins.module_utils._ready import SseError, SseReader
 
-NET_ERRORS = (urllib.error.URLError, OSError, ValueError, http.client.HTTPException)
+NET_ERRORS = (OSError, ValueError, http.client.HTTPException)
 
 
 def chat_body(model: str, max_tokens: int = 1) -> bytes:
@@ -32,14 +31,29 @@ def chat_body(model: str, max_tokens: int = 1) -> bytes:
     }).encode("utf-8")
 
 
+def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    """A connection to ``url``'s host (http or https) and the request target (path and query)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url[:80]!r} is not an http(s) URL")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return kind(parts.hostname, parts.port, timeout=timeout), target
+
+
 def _stream(url: str, body: bytes, key: str | None, timeout: float, events: queue.Queue) -> None:
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     reader = SseReader()
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        conn, target = _connection(url, timeout)
+        try:
+            conn.request("POST", target, body=body, headers=headers)
+            response = conn.getresponse()
+            if response.status != 200:
+                events.put(("error", f"HTTP {response.status}"))
+                return
             while True:
                 chunk = response.read1(65536)
                 if not chunk:
@@ -48,10 +62,10 @@ def _stream(url: str, body: bytes, key: str | None, timeout: float, events: queu
                 if reader.feed(chunk):
                     events.put(("token", time.monotonic()))
                     return
-    except urllib.error.HTTPError as exc:
-        events.put(("error", f"HTTP {exc.code}"))
+        finally:
+            conn.close()
     except (SseError, *NET_ERRORS) as exc:
-        events.put(("refused", str(getattr(exc, "reason", exc))[:200]))
+        events.put(("refused", str(exc)[:200]))
     except Exception as exc:  # a dead thread must never look like a slow server
         events.put(("error", f"{type(exc).__name__}: {exc}"[:200]))
 
@@ -86,10 +100,13 @@ def get(url: str, timeout: float) -> tuple[int | None, bytes]:
 
     def fetch() -> None:
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
+            conn, target = _connection(url, timeout)
+            try:
+                conn.request("GET", target)
+                response = conn.getresponse()
                 events.put((response.status, response.read(4 * 1024 * 1024)))
-        except urllib.error.HTTPError as exc:
-            events.put((exc.code, b""))
+            finally:
+                conn.close()
         except Exception as exc:
             events.put((None, str(exc).encode()[:200]))
 

@@ -409,10 +409,12 @@ def main() -> None:
             "journal_lines": {"type": "int", "default": 400},
             "timeout": {"type": "float", "default": 10.0},
             "max_bytes": {"type": "int", "default": 4 * 1024 * 1024},
+            # Where to stream a token, not a secret (the key is read from key_path on the node).
             "token_probes": {
                 "type": "list",
                 "elements": "dict",
                 "default": [],
+                "no_log": False,
                 "options": {
                     "name": {"type": "str", "required": True, "choices": ["ingress", "engine"]},
                     "base_url": {"type": "str", "required": True},
@@ -422,7 +424,7 @@ def main() -> None:
                 },
             },
             "key_path": {"type": "path", "default": "/etc/localinference/ingress/api-key.env"},
-            "token_deadline": {"type": "float", "default": 20.0},
+            "token_deadline": {"type": "float", "default": 20.0, "no_log": False},
             "incidents": {"type": "path"},
             "incidents_limit": {"type": "int", "default": 5},
         },
