@@ -23,6 +23,8 @@ import json
 import os
 import re
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,7 @@ from benchmarks._faults import (
     wait_watched_and_serving,
     watchdog_active,
 )
-from lab.harness import HEAD, WORKER, LabError, exec_on, lab_up, wait_for
+from lab.harness import HEAD, WORKER, LabError, exec_on, lab_up
 
 DETECT_GOAL_INTERVALS = 2.0
 RECOVER_GOAL = 1.3
@@ -52,6 +54,16 @@ RESTART_STEP = re.compile(
 # Bounds only: the lab's watchdog waits up to watchdog_ready_timeout_s (300 s) for a token.
 RECOVER_TIMEOUT = 600
 BOOT_TIMEOUT = 900
+
+
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float, every: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise LabError(f"{what} did not happen within {timeout:g} s")
 
 
 def restart_steps(journal: str, since: float) -> list[dict[str, Any]]:

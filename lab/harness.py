@@ -620,11 +620,11 @@ def rank_pids() -> list[str]:
 
 
 def wait_for(what: str, predicate: Callable[[], Any], timeout: float, every: float = 2.0) -> Any:
-    """``predicate()``'s first true value within ``timeout`` seconds, else LabError naming ``what``."""
+    """``predicate()``'s first true value within ``timeout`` seconds, else AssertionError naming ``what``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(every)
-    raise LabError(f"{what} did not happen within {timeout:g} s")
+    raise AssertionError(f"{what} did not happen within {timeout:g} s")
