@@ -16,6 +16,8 @@ from typing import Any
 from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
 
 GIB = 1024**3
+# 1 EiB: more memory than any node holds; a larger size is a typo or garbage.
+MAX_BYTES = 2**60
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNLIMITED = ("unlimited", "infinity", "-1")
@@ -26,18 +28,31 @@ class RecipeInputError(ValueError):
 
 
 def parse_size(value: Any, name: str) -> int:
-    """Bytes from ``1g``/``512m``/``8GiB``/a finite number (binary units, as Podman reads them)."""
+    """Bytes from ``1g``/``512m``/``8GiB``/a finite number (binary units, as Podman reads them).
+
+    A negative size or one beyond ``MAX_BYTES`` is refused: no node holds it, so it is a typo
+    or garbage read from a tool, never a limit to plan against.
+    """
     if isinstance(value, bool):
         raise RecipeInputError(f"{name} must be a size such as 1g or a byte count, got {value!r}")
     if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(validate.number(name, value))
-    match = _SIZE.match(str(value))
-    if not match:
-        raise RecipeInputError(f"{name} must be a size such as 1g or a byte count, got {value!r}")
-    factor = {"": 1, "k": 1024, "m": 1024**2, "g": GIB, "t": 1024**4}[match.group(2).lower()]
-    return int(float(match.group(1)) * factor)
+        size = value
+    elif isinstance(value, float):
+        size = int(validate.number(name, value))
+    else:
+        match = _SIZE.match(str(value)) if len(str(value)) <= 40 else None
+        if not match:
+            raise RecipeInputError(
+                f"{name} must be a size such as 1g or a byte count, got {validate.shown(value)}"
+            )
+        factor = {"": 1, "k": 1024, "m": 1024**2, "g": GIB, "t": 1024**4}[match.group(2).lower()]
+        size = int(float(match.group(1)) * factor)
+    if not 0 <= size <= MAX_BYTES:
+        raise RecipeInputError(
+            f"{name} must be a size from 0 to {MAX_BYTES} bytes (1 EiB), got {validate.shown(value)};"
+            " give the size in bytes or with a unit such as 64g"
+        )
+    return size
 
 
 def _limit(value: Any, name: str) -> int | None:

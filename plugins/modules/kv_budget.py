@@ -304,10 +304,10 @@ worst_boot_bound:
   type: float
 """
 
-import math
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
 from ansible_collections.localinference.vllm.plugins.module_utils._client_budget import (
     MIN_OUTPUT,
     ClientInputError,
@@ -330,6 +330,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe import
     check as check_recipe,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint import (
+    MAX_BYTES,
     RecipeInputError,
     lint_context,
     lint_offload,
@@ -397,12 +398,17 @@ def _pinned_kv(recipe: dict[str, Any]) -> tuple[int | None, str]:
     space = (recipe.get("env") or {}).get("VLLM_CPU_KVCACHE_SPACE")
     if space not in (None, ""):
         # vLLM's CPU build reads it as whole GiB (vllm/platforms/cpu.py).
-        if not str(space).strip().isdigit():
-            raise RecipeInputError(
-                f"recipe.env.VLLM_CPU_KVCACHE_SPACE must be a whole number of GiB, got {space!r}"
-                " (vLLM's CPU build reads it with int()); use kv_cache_memory_bytes for a finer size"
-            )
-        return int(str(space).strip()) * GIB, "recipe.env.VLLM_CPU_KVCACHE_SPACE"
+        name = "recipe.env.VLLM_CPU_KVCACHE_SPACE"
+        try:
+            gib = validate.integer(name, space, minimum=0, maximum=MAX_BYTES // GIB)
+        except ValidationError as exc:
+            raise ValidationError(
+                name,
+                exc.problem,
+                "set whole GiB (vLLM's CPU build reads it with int()), or kv_cache_memory_bytes"
+                " for a finer size",
+            ) from None
+        return gib * GIB, name
     return None, ""
 
 
@@ -413,10 +419,17 @@ def _weakest_rank_check(
         return {}, []
     host = str(weakest.get("host") or "the weakest rank")
     free = weakest.get("free_bytes")
-    free_gib = float(free) / GIB if free is not None else weakest.get("free_gib")
-    if free_gib is None or not isinstance(free_gib, int | float) or not math.isfinite(free_gib):
+    if free is not None:
+        free_gib = (
+            validate.number("weakest_rank.free_bytes", free, minimum=0, maximum=MAX_BYTES) / GIB
+        )
+    elif weakest.get("free_gib") is not None:
+        free_gib = validate.number(
+            "weakest_rank.free_gib", weakest["free_gib"], minimum=0, maximum=MAX_BYTES // GIB
+        )
+    else:
         raise KvInputError(
-            f"weakest_rank needs free_gib or free_bytes as a finite number, got {weakest!r}"
+            f"weakest_rank needs free_gib or free_bytes as a finite number, got {validate.shown(weakest)}"
         )
     if pinned is None:
         return {"host": host, "fits": None}, []

@@ -301,7 +301,12 @@ def test_observations_path_adds_the_heads_file_and_refuses_garbage(tmp_path):
 
 WEAKEST = [
     # (weakest rank, recipe, fits, F4 expected)
-    ({"host": "spark-worker", "free_gib": 7.5}, {"kv_cache_memory_bytes": 64 * 1024**2}, True, False),
+    (
+        {"host": "spark-worker", "free_gib": 7.5},
+        {"kv_cache_memory_bytes": 64 * 1024**2},
+        True,
+        False,
+    ),
     (
         {"host": "spark-worker", "free_bytes": 32 * 1024**2},
         {"kv_cache_memory_bytes": 64 * 1024**2},
@@ -339,6 +344,48 @@ def test_a_fractional_cpu_kvcache_space_is_refused_naming_the_key():
         and "VLLM_CPU_KVCACHE_SPACE" in out.result["msg"]
         and "kv_cache_memory_bytes" in out.result["msg"]
     )
+
+
+BEYOND_ANY_NODE = [
+    # (arguments beside LAB_BOOTS, what the refusal names)
+    (
+        {"weakest_rank": {"host": "w", "free_bytes": "lots"}},
+        "weakest_rank.free_bytes: expected a number",
+    ),
+    ({"weakest_rank": {"host": "w", "free_bytes": -5}}, "weakest_rank.free_bytes: -5 is below 0"),
+    ({"weakest_rank": {"host": "w", "free_gib": -1.5}}, "weakest_rank.free_gib: -1.5 is below 0"),
+    ({"weakest_rank": {"host": "w", "free_gib": 10**30}}, "weakest_rank.free_gib: "),
+    (
+        {"recipe": {"env": {"VLLM_CPU_KVCACHE_SPACE": "9" * 5000}}},
+        "recipe.env.VLLM_CPU_KVCACHE_SPACE: expected an integer",
+    ),
+    (
+        {"recipe": {"env": {"VLLM_CPU_KVCACHE_SPACE": "-1"}}},
+        "VLLM_CPU_KVCACHE_SPACE: -1 is below 0",
+    ),
+    (
+        {"recipe": {"kv_offloading_size": 1}, "host_limits": {"shm_size_bytes": "9" * 5000}},
+        "host_limits.shm_size_bytes must be a size such as 1g",
+    ),
+    (
+        {"recipe": {"kv_offloading_size": 1}, "host_limits": {"shm_size_bytes": 10**30}},
+        "host_limits.shm_size_bytes must be a size from 0 to",
+    ),
+    (
+        {"recipe": {"kv_offloading_size": 1}, "host_limits": {"mem_available_bytes": -4096}},
+        "host_limits.mem_available_bytes must be a size from 0 to",
+    ),
+    (
+        {"recipe": {"kv_offloading_size": 1}, "host_limits": {"memlock_bytes": "-5"}},
+        "host_limits.memlock_bytes must be a size",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BEYOND_ANY_NODE)
+def test_a_size_no_node_holds_is_refused_naming_it(args, message):
+    out = run_module(kv_budget, {"observations": LAB_BOOTS, **args})
+    assert out.failed and message in out.result["msg"], out.result
 
 
 def test_without_any_boot_the_plan_lints_and_asks_for_a_first_boot():
