@@ -29,6 +29,14 @@ from ansible_collections.localinference.vllm.plugins.module_utils._metrics impor
     summarise,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._preflight import free_memory
+from ansible_collections.localinference.vllm.plugins.module_utils._qualify_expected import (
+    ExpectedError,
+    compare,
+    parse,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._qualify_expected import (
+    reasons as expected_reasons,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._qualify_judge import (
     FAIL,
     NOT_MEANINGFUL,
@@ -46,13 +54,6 @@ FIGURES = {
     "max_context_accepted": (True, "longest prompt accepted, tokens"),
     "prefill_tps_longest": (True, "prefill tok/s of the longest accepted rung"),
     "prefix_cache_hit_rate": (True, "prefix-cache hit rate of the shared-prefix batch"),
-}
-# expected: block keys of a recipe -> figure
-EXPECTED = {
-    "decode_tps_single_stream": "decode_tps_single",
-    "ttft_s": "ttft_s",
-    "max_context": "max_context_accepted",
-    "concurrent_requests": "concurrent_requests",
 }
 
 
@@ -133,34 +134,20 @@ def figures(checks: list[dict[str, Any]], windows: dict[str, Any] | None) -> dic
     return out
 
 
-def achieved_vs_expected(expected: Any, got: dict[str, Any]) -> list[dict[str, Any]]:
-    if not expected:
-        return []
-    if not isinstance(expected, dict):
-        raise ReportInputError(f"the recipe's expected: must be a mapping, got {expected!r}")
-    rows = []
-    for key, want in expected.items():
-        if key not in EXPECTED:
-            raise ReportInputError(
-                f"expected.{key} is not a figure the qualification measures"
-                f" (one of {', '.join(sorted(EXPECTED))})"
-            )
-        if isinstance(want, bool) or not isinstance(want, (int, float)) or want <= 0:
-            raise ReportInputError(f"expected.{key} must be a positive number, got {want!r}")
-        figure = EXPECTED[key]
-        achieved = got.get(figure)
-        higher = FIGURES[figure][0]
-        ok = None if achieved is None else (achieved >= want if higher else achieved <= want)
-        rows.append(
-            {
-                "figure": key,
-                "expected": want,
-                "achieved": achieved,
-                "ratio": round(achieved / want, 3) if achieved is not None else None,
-                "ok": ok,
-            }
-        )
-    return rows
+def achieved_vs_expected(
+    expected: Any, checks: list[dict[str, Any]], got: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Each figure the recipe declares (``_qualify_expected.VOCABULARY``) beside what was achieved."""
+    try:
+        return compare(parse(expected), checks, got)
+    except ExpectedError as err:
+        raise ReportInputError(str(err)) from None
+
+
+def cpu_only(nodes: Any) -> bool:
+    """Every node's gpu_facts say no GPU: the figures are vLLM's CPU build's (the lab)."""
+    gpus = [(facts or {}).get("gpu") for facts in (nodes or {}).values()]
+    return bool(gpus) and all(isinstance(g, dict) and g.get("present") is False for g in gpus)
 
 
 def reserve_rows(nodes: Any, reserve_gib: float) -> list[dict[str, Any]]:
@@ -236,14 +223,10 @@ def build(
         metrics["window"] = delta(summarise(metrics_before, model), summarise(metrics_after, model))
     windows = log_windows(log_text) if log_text else None
     got = figures(results, windows)
-    rows = achieved_vs_expected(expected, got)
+    rows = achieved_vs_expected(expected, results, got)
     reserve = reserve_rows(nodes, reserve_gib) if nodes else []
     reasons = [f"{c['name']} failed: {c['why']}" for c in results if c["status"] == FAIL]
-    reasons += [
-        f"expected {r['figure']} {r['expected']:g}, achieved {r['achieved']}"
-        for r in rows
-        if r["ok"] is not True
-    ]
+    reasons += expected_reasons(rows)
     reasons += [
         f"{r['host']} keeps {r['free_gib']} GiB free ({r['source']}), below the reserve"
         f" of {reserve_gib:g} GiB (F18)"
@@ -265,6 +248,7 @@ def build(
         "reasons": reasons,
         "figures": got,
         "achieved_vs_expected": rows,
+        "cpu_only": cpu_only(nodes),
         "reserve": reserve,
         "metrics": metrics,
         "log_windows": windows,
@@ -298,6 +282,43 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+CPU_NOTE = (
+    "No node has a GPU: every figure below is vLLM's CPU build's (the lab), not comparable"
+    " with a recipe's published figures."
+)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return f"{_cell(value[0])}-{_cell(value[1])}"
+    return _cell(value) if value is not None else "not published"
+
+
+def _expected_lines(report: dict[str, Any]) -> list[str]:
+    lines = [CPU_NOTE, ""] if report.get("cpu_only") else []
+    lines += [
+        "| figure | unit | expected | achieved | measured at | achieved / expected | met |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in report["achieved_vs_expected"]:
+        met = {True: "yes", False: "**no**", None: "not judged"}[r["ok"]]
+        achieved = (
+            _cell(r["achieved"]) if r["achieved"] is not None else f"not measured: {r['why']}"
+        )
+        lines.append(
+            f"| {r['figure']} | {r['unit']} | {_shown(r['expected'])} | {_cell(achieved)} |"
+            f" {_cell(r['measured_at'] or None)} | {_cell(r['ratio'])} | {met} |"
+        )
+    sources = [r for r in report["achieved_vs_expected"] if r.get("at") or r.get("source")]
+    if sources:
+        lines += [""] + [
+            f"- `{r['figure']}`: {_cell(r.get('at'))}"
+            + (f" ({r['source']})" if r.get("source") else "")
+            for r in sources
+        ]
+    return lines
+
+
 def markdown(report: dict[str, Any], plots: list[str]) -> str:
     lines = [
         f"# Qualification of `{report['model']}`",
@@ -321,7 +342,10 @@ def markdown(report: dict[str, Any], plots: list[str]) -> str:
             f"| {check['name']} | {status} | {_cell(check['why'][:300])} |"
             f" {_cell(check['timings'].get('check_s'))} |"
         )
-    lines += ["", "## Figures", "", "| figure | value |", "|---|---|"]
+    lines += ["", "## Figures", ""]
+    if report.get("cpu_only"):
+        lines += [CPU_NOTE, ""]
+    lines += ["| figure | value |", "|---|---|"]
     for key, value in report["figures"].items():
         if key != "ttft_by_rung":
             lines.append(f"| {key} | {_cell(value)} |")
@@ -338,17 +362,7 @@ def markdown(report: dict[str, Any], plots: list[str]) -> str:
             for r in rungs
         ]
     if report["achieved_vs_expected"]:
-        lines += [
-            "",
-            "## Achieved / expected",
-            "",
-            "| figure | expected | achieved | ratio |",
-            "|---|---|---|---|",
-        ]
-        lines += [
-            f"| {r['figure']} | {_cell(r['expected'])} | {_cell(r['achieved'])} | {_cell(r['ratio'])} |"
-            for r in report["achieved_vs_expected"]
-        ]
+        lines += ["", "## Achieved / expected", "", *_expected_lines(report)]
     if report["reserve"]:
         lines += [
             "",

@@ -49,8 +49,12 @@ options:
     type: str
   expected:
     description:
-      - The recipe's C(expected) block - C(decode_tps_single_stream), C(ttft_s), C(max_context),
-        C(concurrent_requests); each must be met.
+      - The recipe's C(expected) block in the one vocabulary of C(plugins/module_utils/_qualify_expected.py)
+        (C(decode_tps_single_stream), C(decode_tps_at_<N>_streams), C(ttft_s_at_<N>_tokens),
+        C(prefill_tps_at_<N>_tokens), C(max_context), C(concurrent_requests)); each entry a number, a
+        C([low, high]) range or the recipe's mapping (C(value), C(unit), C(at), C(source), C(quote)).
+      - Every declared figure must be met, measured at its condition; C(value=null) is shown, not judged.
+        An unknown key fails naming C(expected.<key>) and listing the known ones.
     type: dict
     default: {}
   metrics_before:

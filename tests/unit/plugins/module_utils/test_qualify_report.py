@@ -128,12 +128,51 @@ def test_per_card_reserve_on_discrete_gpus():
 
 
 def test_expected_figures():
-    met = report(expected={"concurrent_requests": 4, "max_context": 7000})
-    assert met["verdict"] == "promote"
+    met = report(expected={"concurrent_requests": 4, "max_context": 8192})
+    assert met["verdict"] == "promote", met["reasons"]
     assert [r["ok"] for r in met["achieved_vs_expected"]] == [True, True]
-    unmet = report(expected={"decode_tps_single_stream": 10**6})
+    unmet = report(expected={"decode_tps_single_stream": {"value": 10**6, "unit": "tok/s"}})
     assert unmet["verdict"] == "challenger"
-    assert "expected decode_tps_single_stream" in unmet["reasons"][0]
+    assert unmet["reasons"][0].startswith("expected decode_tps_single_stream 1e+06 tok/s, achieved")
+
+
+def test_report_md_shows_achieved_over_expected_and_says_the_figures_are_the_cpu_builds():
+    nodes = {
+        host: {"memory": memory(20), "gpu": {"present": False}}
+        for host in ("spark-head", "spark-worker")
+    }
+    got = report(
+        expected={
+            "decode_tps_at_4_streams": {
+                "value": 10**6,
+                "unit": "tok/s aggregate",
+                "at": "x",
+                "source": "s",
+            },
+            "max_context": 8192,
+        },
+        nodes=nodes,
+        reserve_gib=3,
+    )
+    assert got["cpu_only"] is True
+    assert got["verdict"] == "challenger"
+    assert any(
+        r.startswith("expected decode_tps_at_4_streams 1e+06 tok/s aggregate")
+        for r in got["reasons"]
+    )
+    text = markdown(got, [])
+    assert (
+        "| figure | unit | expected | achieved | measured at | achieved / expected | met |" in text
+    )
+    assert (
+        "| max_context | tokens | 8192 | 8192 | limit named by the ladder's refusal | 1 | yes |"
+        in text
+    )
+    assert (
+        "| decode_tps_at_4_streams | tok/s aggregate | 1000000 |" in text and "| **no** |" in text
+    )
+    assert text.count("vLLM's CPU build's") == 2  # above the figures and above achieved / expected
+    assert "vLLM's CPU build's" not in markdown(report(), [])
 
 
 @pytest.mark.parametrize(
@@ -144,8 +183,14 @@ def test_expected_figures():
             {"checks": [{"name": "smoke", "status": "ok"}]},
             r"checks\[0\] is not a qualify_check result",
         ),
-        ({"expected": {"tokens_per_joule": 1}}, "expected.tokens_per_joule is not a figure"),
-        ({"expected": {"ttft_s": "fast"}}, "expected.ttft_s must be a positive number"),
+        (
+            {"expected": {"tokens_per_joule": 1}},
+            r"expected\.tokens_per_joule is not a figure the gate knows; .*: decode_tps_single_stream,",
+        ),
+        (
+            {"expected": {"max_context": "long"}},
+            r"expected\.max_context: value must be a positive number",
+        ),
     ],
 )
 def test_bad_input_is_named(kwargs, message):
