@@ -218,6 +218,7 @@ def scan(root: str) -> Listing:
                     f"{root} has more than {MAX_ENTRIES} entries (directory links that fan out?)"
                 )
             entry_rel = f"{rel}/{entry.name}" if rel else entry.name
+            _check_utf8(root, entry_rel)
             try:
                 stat = os.stat(entry.path)
             except OSError as exc:
@@ -240,6 +241,22 @@ def scan(root: str) -> Listing:
     top = os.stat(root)
     walk(root, "", {(top.st_dev, top.st_ino): ""})
     return listing
+
+
+def _check_utf8(root: str, rel: str) -> None:
+    """Refuse a name that is not UTF-8 before anything is written.
+
+    Such a name would reach the manifest (JSON, UTF-8) and the module's result, which Ansible
+    cannot return; no model repository holds one, so it is a leftover to remove.
+    """
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(rel)
+        raise ManifestError(
+            f"{root} holds a file name that is not UTF-8 ({shown!r}): rename or remove it"
+            " (no model repository has one) and run again"
+        ) from None
 
 
 def list_files(root: str) -> dict[str, os.stat_result]:

@@ -175,3 +175,21 @@ def test_usage_errors_are_explained(snap, args, message):
 def test_create_on_missing_directory_names_the_fix(tmp_path):
     outcome = run_module(model_manifest, {"path": str(tmp_path / "nope"), "mode": "create"})
     assert outcome.failed and "stage the snapshot there first" in outcome.result["msg"]
+
+
+@pytest.mark.parametrize("mode", ["create", "verify"])
+def test_a_file_name_that_is_not_utf8_is_refused_before_anything_is_written(snap, mode):
+    if mode == "verify":
+        assert not create(snap).failed
+    before = sorted(os.listdir(snap.parent.parent))
+    (snap / os.fsdecode(b"sub\xff")).mkdir()
+    (snap / os.fsdecode(b"sub\xff") / "shard.bin").write_bytes(b"x")
+    outcome = run_module(
+        model_manifest,
+        {"path": str(snap), "mode": mode}
+        | ({"manifest": manifest_path(snap)} if mode == "verify" else {}),
+    )
+    assert outcome.failed, outcome.result
+    assert "not UTF-8" in outcome.result["msg"] and "sub\\xff" in outcome.result["msg"]
+    json.dumps(outcome.result).encode("utf-8")  # the result can be returned
+    assert sorted(os.listdir(snap.parent.parent)) == before
