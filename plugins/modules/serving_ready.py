@@ -238,10 +238,22 @@ def main() -> None:
         for unit in params["units"]:
             limit = max(1.0, min(SYSTEMCTL_TIMEOUT, deadline - time.monotonic() + 5))
             try:
-                rc, out, _ = runner.run([systemctl, "show", *SHOW, unit], timeout=limit)
+                rc, out, err = runner.run([systemctl, "show", *SHOW, unit], timeout=limit)
             except CommandError as exc:
                 module.fail_json(msg=f"watching unit {unit}: {exc}", unit_state=states)
             found[unit] = parse_show(out) if rc == 0 else {}
+            if rc != 0 or not found[unit].get("LoadState"):
+                # A unit whose state cannot be read could never end the wait by failing.
+                why = (
+                    f"systemctl show failed (rc {rc}: {(err or out).strip()[:200]})"
+                    if rc != 0
+                    else "systemctl show gave no LoadState"
+                )
+                module.fail_json(
+                    msg=f"units: cannot watch {unit}: {why}; check the unit name"
+                    " ('systemctl list-units --all') and that systemd runs on this host",
+                    unit_state=found,
+                )
         return found
 
     baseline = {u: int(s.get("NRestarts") or 0) for u, s in read_units().items()}

@@ -142,6 +142,32 @@ def test_a_misspelled_unit_is_not_watched_by_nobody(server, tmp_path):
     assert "LoadState=not-found" in out.result["msg"]
 
 
+@pytest.mark.parametrize(
+    ("script", "seen"),
+    [
+        # systemd not running (a container): systemctl show fails for every unit.
+        ("echo 'System has not been booted with systemd' >&2; exit 1", "rc 1"),
+        # An answer without LoadState: the unit's failure could not be seen either.
+        ("printf 'ActiveState=active\\n'", "no LoadState"),
+    ],
+)
+def test_a_unit_whose_state_cannot_be_read_ends_the_wait(server, tmp_path, script, seen):
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text(f"#!/bin/sh\n{script}\n")
+    systemctl.chmod(0o755)
+    with mock.patch.object(
+        basic.AnsibleModule, "get_bin_path", lambda self, name, **kw: str(systemctl)
+    ):
+        started = time.monotonic()
+        out = run_module(
+            serving_ready,
+            {"url": url(server), "model": "m", "timeout": 30, "units": ["gone.service"]},
+        )
+    assert out.failed and time.monotonic() - started < 10
+    assert out.result["msg"].startswith("units: cannot watch gone.service")
+    assert seen in out.result["msg"]
+
+
 def test_a_wedged_systemctl_is_bounded(server, tmp_path):
     script = tmp_path / "systemctl"
     script.write_text("#!/bin/sh\nsleep 60\n")
