@@ -12,7 +12,8 @@ Kinds: :func:`text` (one line of printable text), :func:`systemd_value` (written
 raw after ``Key=`` in a unit file), :func:`image_reference`, :func:`path`,
 :func:`device`, :func:`interface_name`, :func:`unit_name`, :func:`host`,
 :func:`env_name`, :func:`env_value`, :func:`port`, :func:`integer`, :func:`number`,
-:func:`size`.
+:func:`size`; and two that look at the node: :func:`existing_directory` and
+:func:`file_path` (a path option that must be a directory, or must not be one).
 
 ``%`` (systemd specifiers) and ``$`` (variable expansion): systemd expands
 ``%h``, ``%n``... in most settings and ``$VAR`` in command lines.  Words of a
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 import re
 import unicodedata
 from typing import Any
@@ -270,6 +272,30 @@ def path(
             name,
             f"{value!r} is outside {', '.join(under)}",
             f"use a path under {' or '.join(under)}",
+        )
+    return value
+
+
+def existing_directory(name: str, value: Any, *, must_exist: bool = True) -> str:
+    """:func:`path` that names a directory (links followed): ``/sys``, ``/dev/shm``.
+
+    A regular file there would be read as an empty tree, or measured as the file system that
+    holds it, without a word.  ``must_exist=False`` lets an absent path through (a module that
+    reports the absence itself).
+    """
+    value = path(name, value)
+    if not os.path.isdir(value) and (must_exist or os.path.lexists(value)):
+        what = "is not a directory" if os.path.lexists(value) else "does not exist"
+        raise ValidationError(name, f"{value} {what}", "give an existing directory")
+    return value
+
+
+def file_path(name: str, value: Any) -> str:
+    """:func:`path` of a file to read or write: absent, or anything but a directory."""
+    value = path(name, value)
+    if os.path.isdir(value):
+        raise ValidationError(
+            name, f"{value} is a directory", "give the path of a file (move the directory aside)"
         )
     return value
 

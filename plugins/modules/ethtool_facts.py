@@ -87,6 +87,7 @@ ansible_facts:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
 from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
     CommandError,
     Runner,
@@ -143,6 +144,10 @@ def main() -> None:
 
 
 def _facts(module: AnsibleModule, runner: Runner) -> None:
+    try:
+        validate.existing_directory("sys_root", module.params["sys_root"], must_exist=False)
+    except validate.ValidationError as exc:
+        module.fail_json(msg=str(exc))
     net = os.path.join(module.params["sys_root"], "class", "net")
     missing = [
         name for name in module.params["interfaces"] if not os.path.isdir(os.path.join(net, name))

@@ -150,6 +150,7 @@ import os
 import posixpath
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
 from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
     CommandError,
     Runner,
@@ -357,6 +358,11 @@ def main() -> None:
         problem = timeout_error(module.params[option], option)
         if problem:
             module.fail_json(msg=problem)
+    try:
+        validate.existing_directory("proc_root", module.params["proc_root"], must_exist=False)
+        validate.existing_directory("sys_root", module.params["sys_root"], must_exist=False)
+    except validate.ValidationError as exc:
+        module.fail_json(msg=str(exc))
     proc_root = module.params["proc_root"]
     meminfo = _read(os.path.join(proc_root, "meminfo"))
     if meminfo is None:

@@ -140,6 +140,7 @@ import os
 import pwd
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
 from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (
     ProcParseError,
     memory_summary,
@@ -228,6 +229,12 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    try:
+        for option in ("proc_root", "sys_root"):  # absent: reported below as unreadable
+            validate.existing_directory(option, module.params[option], must_exist=False)
+        validate.existing_directory("shm_path", module.params["shm_path"])
+    except validate.ValidationError as exc:
+        module.fail_json(msg=str(exc))
     proc_root = module.params["proc_root"]
     for option in ("min_uid", "top_processes"):
         if module.params[option] < 0:

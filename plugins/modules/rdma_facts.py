@@ -111,6 +111,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
 from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
     CommandError,
     Runner,
@@ -219,6 +220,10 @@ def main() -> None:
 
 def _facts(module: AnsibleModule, runner: Runner) -> None:
     sys_root = module.params["sys_root"]
+    try:
+        validate.existing_directory("sys_root", sys_root, must_exist=False)
+    except validate.ValidationError as exc:
+        module.fail_json(msg=str(exc))
 
     def absent(why: str) -> None:
         if module.params["required"]:

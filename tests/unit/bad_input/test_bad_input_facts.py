@@ -72,6 +72,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log impo
 from ansible_collections.localinference.vllm.plugins.modules import (
     ethtool_facts,
     gpu_facts,
+    host_stack_facts,
     memory_facts,
     model_manifest,
     rdma_facts,
@@ -409,6 +410,30 @@ MODULE_CASES = [
          r"no generated token from http://127\.0\.0\.1:\d+/v1/chat/completions within 2 s .*keep-alive comment"),
     Case(serving_ready, "ready-nothing-listening", lambda t: {"model": "m", "url": "http://127.0.0.1:9", "timeout": 1},
          r"^http://127\.0\.0\.1:9/health did not answer 200 within 1 s"),
+    Case(serving_ready, "ready-unit-unreadable",
+         lambda t: {"model": "m", "url": keep_alive_url(t), "units": ["localinference-vllm.service"], "timeout": 10},
+         r"^units: cannot watch localinference-vllm\.service: systemctl show failed \(rc 1",
+         patches=bin_dir("systemctl", "echo 'System has not been booted with systemd' >&2; exit 1")),
+    # a path option that must be a directory, given a regular file (read as an empty tree before)
+    Case(memory_facts, "mem-shm-path-file", lambda t: {**mem(t), "shm_path": str(_write(t / "shm-file", b"x"))},
+         r"^shm_path: .*/shm-file is not a directory; give an existing directory"),
+    Case(memory_facts, "mem-shm-path-missing", lambda t: {**mem(t), "shm_path": str(t / "no-shm")},
+         r"^shm_path: .*/no-shm does not exist"),
+    Case(memory_facts, "mem-sys-root-file", lambda t: {**mem(t), "sys_root": str(_write(t / "sys-file", b""))},
+         r"^sys_root: .*/sys-file is not a directory"),
+    Case(memory_facts, "mem-proc-root-file", lambda t: {**mem(t), "proc_root": str(_write(t / "proc-file", b""))},
+         r"^proc_root: .*/proc-file is not a directory"),
+    Case(ethtool_facts, "eth-sys-root-file", lambda t: {**eth(t, ["veth0"]), "sys_root": str(_write(t / "f", b""))},
+         r"^sys_root: .*/f is not a directory"),
+    Case(rdma_facts, "rdma-sys-root-file",
+         lambda t: {"ibv_devinfo": printer(t, "ibv_devinfo", TWINS), "sys_root": str(_write(t / "f", b""))},
+         r"^sys_root: .*/f is not a directory"),
+    Case(host_stack_facts, "stack-sys-root-file", lambda t: {"sys_root": str(_write(t / "f", b""))},
+         r"^sys_root: .*/f is not a directory"),
+    # a weights tree with a name that is not UTF-8: refused before the manifest is written
+    Case(model_manifest, "manifest-name-not-utf8",
+         lambda t: {"path": str(_link(snapshot(t), "shard\udcff.bin", "config.json")), "mode": "create"},
+         r"holds a file name that is not UTF-8 \(b'shard\\xff\.bin'\)"),
 ]
 # fmt: on
 
