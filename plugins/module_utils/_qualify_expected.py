@@ -169,6 +169,26 @@ def params(expectations: list[Expectation], served_limit: int | None) -> dict[st
     return out
 
 
+def check_params(
+    expected: Any, served_limit: Any, defaults: dict[str, Any], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """The qualify role's per-check parameters: ``defaults``, then what measures the declared
+    figures (:func:`params`), then the user's ``overrides`` (``qualify_params``), which win -
+    except that the declared prompt sizes' rungs join the user's own ladder fractions."""
+    limit = served_limit if isinstance(served_limit, int) and served_limit > 0 else None
+    declared = params(parse(expected), limit)
+    out: dict[str, dict[str, Any]] = {}
+    for layer in (defaults, declared, overrides):
+        for check, values in (layer or {}).items():
+            out[check] = {**out.get(check, {}), **(values or {})}
+    user_fractions = ((overrides or {}).get("context_ladder") or {}).get("fractions")
+    declared_fractions = (declared.get("context_ladder") or {}).get("fractions")
+    if isinstance(user_fractions, list) and declared_fractions:
+        extra = set(declared_fractions) - set(DEFAULT_FRACTIONS)
+        out["context_ladder"]["fractions"] = sorted({*user_fractions, *extra})
+    return out
+
+
 def _by_name(checks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in checks}
 

@@ -15,6 +15,11 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible_collections.localinference.vllm.plugins.module_utils._qualify_expected import (
+    KNOWN,
+    ExpectedError,
+    parse,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
     Node,
     RecipeError,
@@ -37,8 +42,10 @@ FLAGS = parse_help_flags(HELP)
 SEEDS = ROOT.parent / "shared" / "seeds"
 # Stands in for a REQUIRED placeholder so the rest of the recipe can be rendered.
 STAND_IN = {"image": "registry.invalid/localinference/stand-in@sha256:" + "0" * 64}
-# Every figure a recipe must state (value null only when the source says it is not published).
-REQUIRED_FIGURES = ("decode_single_stream", "decode_multi_stream", "ttft", "max_context")
+# Every figure a recipe must state, as keys of the gate's vocabulary (value null only when the
+# source says it is not published): one stream, several streams, a first token, the context.
+REQUIRED_FIGURES = ("decode_tps_single_stream", "decode_tps_at_<N>_streams", "ttft_s_at_<N>_tokens",
+                    "max_context")  # fmt: skip
 FILES = sorted(RECIPES.glob("*.yml"))
 
 
@@ -231,10 +238,15 @@ def test_document_shape(path):
     assert recipe["max_num_seqs"] > 1, "F3: an agent endpoint needs more than one sequence"
 
 
+def _figures(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The gated figures (expected) and those the qualification does not measure (published)."""
+    return {**document["expected"], **(document.get("published") or {})}
+
+
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_expected_figures_state_value_and_source(path):
     document = _load(path)
-    sources, expected = document["sources"], document["expected"]
+    sources = document["sources"]
     for name, source in sources.items():
         if "url" in source:
             assert source["url"].startswith("https://"), f"{path.name}: sources.{name}.url"
@@ -242,29 +254,55 @@ def test_expected_figures_state_value_and_source(path):
             assert source.get("seed") and source.get("section"), (
                 f"{path.name}: sources.{name} needs a url, or a seed file and its section"
             )
-    assert set(REQUIRED_FIGURES) <= set(expected), (
-        f"{path.name}: expected lacks {sorted(set(REQUIRED_FIGURES) - set(expected))}"
-    )
-    for name, figure in expected.items():
-        where = f"{path.name}: expected.{name}"
+    assert not set(document["expected"]) & set(document.get("published") or {}), path.name
+    for name, figure in _figures(document).items():
+        where = f"{path.name}: {name}"
         assert figure["source"] in sources, f"{where}: source {figure['source']!r} is not listed"
         assert figure["unit"] and figure["at"] and figure["quote"], where
         if figure["value"] is None:
             assert str(figure["at"]).startswith("not published"), (
                 f"{where}: a null value must say it is not published"
             )
-        else:
-            # The figure is verbatim from the quoted source text.
-            assert str(figure["value"]) in figure["quote"].replace(",", ""), (
-                f"{where}: {figure['value']!r} does not appear in its quote"
+            continue
+        # The figure (each end of a range) is verbatim from the quoted source text.
+        for value in figure["value"] if isinstance(figure["value"], list) else [figure["value"]]:
+            assert str(value) in figure["quote"].replace(",", ""), (
+                f"{where}: {value!r} does not appear in its quote"
             )
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_expected_keys_are_the_gates_vocabulary(path):
+    """Every expected: key is one the qualification gate measures (_qualify_expected.VOCABULARY),
+    in its unit, at a condition the recipe can serve; the required figures are all stated."""
+    document = _load(path)
+    recipe = document["vllm_recipe"]
+    declared = parse(document["expected"])  # an unknown key or unit raises, naming expected.<key>
+    assert set(REQUIRED_FIGURES) <= {e.figure.key for e in declared}, (
+        f"{path.name}: expected lacks one of {REQUIRED_FIGURES}"
+    )
+    for e in declared:
+        if e.figure.condition == "streams":
+            assert e.condition <= recipe["max_num_seqs"], f"{path.name}: {e.key} above max_num_seqs"
+        if e.figure.condition == "prompt_tokens":
+            assert e.condition < recipe["max_model_len"], f"{path.name}: {e.key} beyond the context"
+
+
+def test_an_old_or_unknown_expected_key_is_refused_by_name():
+    document = _load(RECIPES / "dgx_spark_pair.yml")
+    renamed = {"decode_single_stream": document["expected"]["decode_tps_single_stream"]}
+    with pytest.raises(ExpectedError) as refused:
+        parse({**document["expected"], **renamed})
+    message = str(refused.value)
+    assert message.startswith("expected.decode_single_stream is not a figure the gate knows")
+    assert message.endswith(KNOWN)
 
 
 def _seed_quotes() -> list[tuple[str, str, str, str]]:
     rows = []
     for path in FILES:
         document = _load(path)
-        for name, figure in document["expected"].items():
+        for name, figure in _figures(document).items():
             source = document["sources"][figure["source"]]
             if "seed" in source:
                 rows.append((f"{path.stem}.{name}", source["seed"], source["section"],
@@ -364,7 +402,7 @@ def test_seed_002_scheduled_tokens_match_the_recipe_figure():
     result = run_module(
         kv_budget, {"recipe": document["vllm_recipe"], "parallel_drafting": True}
     ).result
-    assert result["scheduled_tokens"] == document["expected"]["scheduled_tokens"]["value"] == 8184
+    assert result["scheduled_tokens"] == document["published"]["scheduled_tokens"]["value"] == 8184
     assert "F15" in [v["id"] for v in result["violations"] if v["severity"] == "warning"]
 
 
@@ -388,6 +426,9 @@ def test_example_inventory_serves_its_recipe(inventory, profile):
     assert group_vars["localinference_profile"] == profile
     assert f"recipes/{profile}.yml" in group_vars["vllm_recipe"]
     assert ").vllm_recipe" in group_vars["vllm_recipe"]
+    # The gate holds the endpoint to the same file's expected: figures.
+    assert f"recipes/{profile}.yml" in group_vars["qualify_expected"]
+    assert group_vars["qualify_expected"].endswith(").expected }}")
     # The inventory has as many nodes as the recipe is made for, one head.
     cluster = yaml.safe_load((folder / "hosts.yml").read_text())["vllm_cluster"]
     head = _hosts(cluster["children"]["vllm_head"])

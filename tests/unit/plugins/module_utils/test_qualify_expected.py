@@ -10,6 +10,7 @@ import pytest
 import yaml
 from ansible_collections.localinference.vllm.plugins.module_utils._qualify_expected import (
     ExpectedError,
+    check_params,
     compare,
     params,
     parse,
@@ -37,6 +38,12 @@ def test_compare(case):
 @pytest.mark.parametrize("case", TABLE["params"], ids=_ids(TABLE["params"]))
 def test_params(case):
     assert params(parse(case["expected"]), case["served_limit"]) == case["params"]
+
+
+@pytest.mark.parametrize("case", TABLE["check_params"], ids=_ids(TABLE["check_params"]))
+def test_check_params(case):
+    got = check_params(case["expected"], case["served_limit"], case["defaults"], case["overrides"])
+    assert got == case["params"]
 
 
 @pytest.mark.parametrize("case", TABLE["refuse"], ids=_ids(TABLE["refuse"]))
