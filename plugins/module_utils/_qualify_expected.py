@@ -130,6 +130,8 @@ def parse(expected: Any) -> list[Expectation]:
     out = []
     for key, entry in expected.items():
         figure, condition = _figure(str(key))
+        if figure.condition == "streams" and condition == 1:
+            raise ExpectedError(f"expected.{key}: one stream is decode_tps_single_stream")
         if isinstance(entry, dict):
             if "value" not in entry:
                 raise ExpectedError(f"expected.{key} has no value (null when not published)")
@@ -158,7 +160,7 @@ def params(expectations: list[Expectation], served_limit: int | None) -> dict[st
     out: dict[str, Any] = {}
     streams = [e.condition for e in expectations if e.figure.condition == "streams" and e.held]
     if streams:
-        out["concurrency"] = {"requests": max(max(streams), 2)}
+        out["concurrency"] = {"requests": max(streams)}
     sizes = sorted(
         {e.condition for e in expectations if e.figure.condition == "prompt_tokens" and e.held}
     )
