@@ -16,7 +16,7 @@ Verdicts (roles/watchdog/README.md):
   or requests running while the generation counter stands still;
 - ``degraded``: warn, no action: fabric drift (MTU, GID index, link), kernel events (Xid,
   AER, OOM kill), memory pressure, a first wedge sign, a booting engine, a cluster link
-  that is down (a restart cannot help while the ranks cannot meet);
+  that is down or runs below its MTU (a restart cannot help while the ranks cannot meet);
 - ``unknown``: the token probe could not run (no key, no config) or a node did not answer:
   evidence that could not be read never restarts anything;
 - ``healthy``.
@@ -62,7 +62,8 @@ def _restarted(show: Mapping[str, Any], before: Mapping[str, Any] | None) -> boo
 def node_signs(name: str, node: Mapping[str, Any], expect: Mapping[str, Any],
                previous: Mapping[str, Any] | None, grace_s: float) -> dict[str, Any]:
     """One node's evidence judged: ``{down, starting, link_down, findings}``."""
-    out: dict[str, Any] = {"down": [], "starting": False, "link_down": False, "findings": []}
+    out: dict[str, Any] = {"down": [], "starting": False, "link_down": False, "mtu_low": False,
+                           "findings": []}
     if not node.get("reachable"):
         out["findings"].append(finding(
             "watchdog-evidence", "warning",
@@ -88,6 +89,9 @@ def node_signs(name: str, node: Mapping[str, Any], expect: Mapping[str, Any],
                 "bring the link back (cable, switch port, nmcli connection up); the engine cannot "
                 "serve across nodes without it", host=name, kind="link"))
         elif want and link.get("mtu") != want:
+            # Below fabric.json's MTU the larger frames of the ranks' exchange are dropped
+            # without a word: the engine stalls, and no restart can help until it is fixed.
+            out["mtu_low"] |= isinstance(link.get("mtu"), int) and link["mtu"] < want
             out["findings"].append(finding(
                 "F19", "warning",
                 f"{name}: {ifname} runs MTU {link.get('mtu')}, fabric.json says {want}",
@@ -164,7 +168,7 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
     now = look["time"]
     previous = state.get("previous") or {}
     findings: list[dict[str, Any]] = []
-    down, starting, link_down, unreachable = [], False, False, []
+    down, starting, link_down, mtu_low, unreachable = [], False, False, False, []
     for name, node in (look.get("nodes") or {}).items():
         signs = node_signs(name, node, cfg["expect"].get(name, {}),
                            (previous.get("nodes") or {}).get(name), cfg["boot_grace_s"])
@@ -172,6 +176,7 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
         down += signs["down"]
         starting |= signs["starting"]
         link_down |= signs["link_down"]
+        mtu_low |= signs["mtu_low"]
         if signs.get("unreachable"):
             unreachable.append(name)
     token, engine = look.get("token") or {}, look.get("engine") or {}
@@ -193,6 +198,9 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
                     "waiting for the link (a restart cannot help while the ranks cannot meet)")
     elif link_down and token.get("ok") is not True:
         verdict, evidence = "degraded", "the cluster link is down: waiting for it, no restart"
+    elif mtu_low and token.get("ok") is not True:
+        verdict, evidence = "degraded", ("the cluster link runs below fabric.json's MTU, so the ranks' "
+                                         "larger frames are dropped: waiting for it, no restart")
     elif starting and token.get("ok") is not True and engine.get("health") != 200:
         verdict, evidence = "degraded", "the engine is starting (within the boot grace): no verdict yet"
     elif wedge or no_answer:
@@ -237,7 +245,7 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
                 "a restart loop hides the cause: read the incidents and the engine's log"))
         else:
             action = "restart-ingress" if target == "ingress" else "restart"
-    elif verdict == "degraded" and token.get("ok") is not True and (link_down or unreachable or starting):
+    elif verdict == "degraded" and token.get("ok") is not True and (link_down or mtu_low or unreachable or starting):
         action = "hold"
     return {"verdict": verdict, "target": target, "evidence": evidence, "findings": findings,
             "action": action, "state": next_state,
