@@ -12,8 +12,8 @@ Kinds: :func:`text` (one line of printable text), :func:`systemd_value` (written
 raw after ``Key=`` in a unit file), :func:`image_reference`, :func:`path`,
 :func:`device`, :func:`interface_name`, :func:`unit_name`, :func:`host`,
 :func:`env_name`, :func:`env_value`, :func:`port`, :func:`integer`, :func:`number`,
-:func:`size`; and two that look at the node: :func:`existing_directory` and
-:func:`file_path` (a path option that must be a directory, or must not be one).
+:func:`size`; :func:`existing_directory` also looks at the node (a path option that
+must be a directory); :func:`table_errors` checks a role's table of inputs with them.
 
 ``%`` (systemd specifiers) and ``$`` (variable expansion): systemd expands
 ``%h``, ``%n``... in most settings and ``$VAR`` in command lines.  Words of a
@@ -290,16 +290,6 @@ def existing_directory(name: str, value: Any, *, must_exist: bool = True) -> str
     return value
 
 
-def file_path(name: str, value: Any) -> str:
-    """:func:`path` of a file to read or write: absent, or anything but a directory."""
-    value = path(name, value)
-    if os.path.isdir(value):
-        raise ValidationError(
-            name, f"{value} is a directory", "give the path of a file (move the directory aside)"
-        )
-    return value
-
-
 def _is_under(value: str, root: str) -> bool:
     root = root.rstrip("/") or "/"
     return value == root or value.startswith(root if root == "/" else root + "/")
@@ -518,3 +508,46 @@ def shown(value: Any, limit: int = 60) -> str:
     except ValueError:  # an int of more than 4300 digits
         return "a number of more than 4300 digits"
     return text_ if len(text_) <= limit else text_[: limit - 3] + "..."
+
+
+# --- a role's table of inputs ----------------------------------------------------------------
+
+# The kinds a role's input table may name, and the bounds each accepts.  None looks at a
+# file system: the table is checked on the controller, the paths are the node's.
+_TABLE_KINDS: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "integer": (integer, ("minimum", "maximum")),
+    "number": (number, ("minimum", "maximum", "above")),
+    "port": (port, ()),
+    "path": (path, ("under",)),
+    "text": (text, ("allow_empty",)),
+    "host": (host, ("allow_empty",)),
+    "unit_name": (unit_name, ()),
+    "interface_name": (interface_name, ()),
+}
+
+
+def table_errors(rows: Any) -> list[ValidationError]:
+    """Check a role's inputs, one row each: ``{name, value, kind, [optional], [bounds...]}``.
+
+    ``kind`` is one of ``_TABLE_KINDS`` (each a validator of this file); ``optional: true``
+    lets ``None`` (an unset variable) through and nothing else: an explicit ``0``, ``false``
+    or ``""`` is checked like any value, never taken for unset.  Returns every refusal, so a
+    role reports all of its bad inputs at once.
+    """
+    if not isinstance(rows, list):
+        raise TypeError(f"an input table is a list of rows, got {type(rows).__name__}")
+    found = []
+    for row in rows:
+        if not isinstance(row, dict) or row.get("kind") not in _TABLE_KINDS or "name" not in row:
+            raise TypeError(f"an input table row needs name and a known kind, got {shown(row)}")
+        check, bounds = _TABLE_KINDS[row["kind"]]
+        unknown = set(row) - {"name", "value", "kind", "optional", *bounds}
+        if unknown:
+            raise TypeError(f"{row['name']}: unknown keys {sorted(unknown)} for kind {row['kind']}")
+        if row.get("value") is None and row.get("optional"):
+            continue
+        try:
+            check(str(row["name"]), row.get("value"), **{k: row[k] for k in bounds if k in row})
+        except ValidationError as exc:
+            found.append(exc)
+    return found

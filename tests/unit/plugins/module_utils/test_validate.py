@@ -219,3 +219,54 @@ def test_is_under():
     assert v.is_under("/etc/containers/systemd/a", ["/etc/containers/systemd/"])
     assert not v.is_under("/etc/containers/systemd2/a", ["/etc/containers/systemd"])
     assert v.is_under("/x", ["/"])
+
+
+def test_existing_directory(tmp_path):
+    (tmp_path / "f").write_text("x")
+    assert v.existing_directory("shm_path", str(tmp_path)) == str(tmp_path)
+    with pytest.raises(v.ValidationError, match=r"^shm_path: .*/f is not a directory; give an"):
+        v.existing_directory("shm_path", str(tmp_path / "f"))
+    with pytest.raises(v.ValidationError, match=r"^shm_path: .*/gone does not exist"):
+        v.existing_directory("shm_path", str(tmp_path / "gone"))
+    assert v.existing_directory("sys_root", str(tmp_path / "gone"), must_exist=False)
+    with pytest.raises(v.ValidationError, match=r"is not a directory"):
+        v.existing_directory("sys_root", str(tmp_path / "f"), must_exist=False)
+
+
+# A role's input table: every refusal at once; null is unset only where optional; 0, false
+# and "" are values, never taken for unset.
+TABLE = [
+    ({"name": "a", "value": None, "kind": "integer", "optional": True}, None),
+    ({"name": "a", "value": None, "kind": "integer"}, r"^a: expected an integer, got None"),
+    (
+        {"name": "a", "value": 0, "kind": "integer", "optional": True, "minimum": 1},
+        r"^a: 0 is below 1",
+    ),
+    ({"name": "a", "value": "lots", "kind": "integer"}, r"^a: expected an integer, got 'lots'"),
+    ({"name": "a", "value": "9" * 5000, "kind": "number"}, r"^a: expected a number"),
+    (
+        {"name": "a", "value": False, "kind": "number", "optional": True},
+        r"^a: expected a number, got False",
+    ),
+    ({"name": "a", "value": 0, "kind": "number", "above": 0}, r"^a: 0 is not above 0"),
+    ({"name": "a", "value": "", "kind": "path", "optional": True}, r"^a: is empty"),
+    ({"name": "a", "value": "/x/../y", "kind": "path"}, r"not normalised"),
+    ({"name": "a", "value": 70000, "kind": "port"}, r"^a: 70000 is above 65535"),
+    ({"name": "a", "value": "2", "kind": "integer", "minimum": 1}, None),
+]
+
+
+@pytest.mark.parametrize(("row", "pattern"), TABLE, ids=[str(i) for i in range(len(TABLE))])
+def test_table_errors(row, pattern):
+    found = v.table_errors([row, {"name": "ok", "value": 1, "kind": "integer"}])
+    if pattern is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and re.search(pattern, str(found[0])), found
+
+
+def test_a_table_row_of_an_unknown_kind_or_bound_is_a_programming_error():
+    with pytest.raises(TypeError, match="known kind"):
+        v.table_errors([{"name": "a", "value": 1, "kind": "float"}])
+    with pytest.raises(TypeError, match=r"unknown keys \['min'\]"):
+        v.table_errors([{"name": "a", "value": 1, "kind": "integer", "min": 0}])
