@@ -23,5 +23,7 @@ def test_the_declared_streams_and_sizes_become_check_parameters():
 
 
 def test_an_unknown_key_is_a_filter_error_naming_it():
-    with pytest.raises(AnsibleFilterError, match=r"^qualify_expected: expected\.ttft is not a figure"):
+    with pytest.raises(
+        AnsibleFilterError, match=r"^qualify_expected: expected\.ttft is not a figure"
+    ):
         CHECK_PARAMS({"ttft": {"value": 3}}, 8192, {}, {})
