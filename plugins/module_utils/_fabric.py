@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.localinference.vllm.plugins.module_utils import _fabric_twins
 from ansible_collections.localinference.vllm.plugins.module_utils._findings import (
     errors,
     finding,
@@ -585,6 +586,14 @@ def findings(
         out += link_findings(cfg, host, ethtool)
         out += ping_findings(cfg, host, pings)
         out += rdma_findings(cfg, host, rdma)
+        out += _fabric_twins.half_cable_findings(
+            rdma,
+            environment(cfg, rdma)["ib_hcas"],
+            host,
+            "cluster_network_ib_hcas"
+            if cfg["ib_hcas"]
+            else "NCCL_IB_HCA (the HCAs behind cluster_network_interfaces)",
+        )
     return out
 
 
@@ -638,6 +647,7 @@ def publish(
         }
         for iface in cfg["interfaces"]
     ]
+    result["twins"] = _fabric_twins.twin_pairs(rdma)
     result["findings"] = [dict(f) for f in found]
     result["verified"] = cfg["verify"]
     return {"inputs": inputs(cfg), "result": result}

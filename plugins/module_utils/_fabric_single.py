@@ -105,6 +105,7 @@ def single_host(host: str, nodes: Any, interfaces: Any = None) -> dict[str, Any]
         "primary_ip": LOOPBACK,
         "primary_interface": LOOPBACK_INTERFACE,
         "ib_hcas": [],
+        "twins": [],
         "gid_index": None,
         "interfaces": [],
         "findings": [],
