@@ -4,7 +4,8 @@
 
 - ``ingress_config``: validated routes, the saved result and the Caddyfile for an ingress spec.
 - ``ingress_models_from_state``: the served models and upstreams in the head's ``serving.json``.
-- ``ingress_key_env_file``: the key file's one line (the key is never repeated in an error).
+- ``ingress_key_env_file``: the key file's one line (the key is never repeated in an error);
+  with ``next_key`` a second line, the key a rotation brings in.
 - ``ingress_listening``: listening sockets parsed from ``ss -Hltnp``.
 - ``ingress_exposure``: findings for engine sockets beyond loopback and the cluster address.
 """
@@ -42,9 +43,9 @@ def ingress_models_from_state(text: Any, where: str = "serving.json") -> list[di
         raise AnsibleFilterError(str(exc)) from None
 
 
-def ingress_key_env_file(key: Any, name: str = "ingress_api_key") -> str:
+def ingress_key_env_file(key: Any, name: str = "ingress_api_key", next_key: Any = None) -> str:
     try:
-        return _ingress.env_file(name, key)
+        return _ingress.env_file(name, key, next_key)
     except ValidationError as exc:
         raise AnsibleFilterError(str(exc)) from None
 

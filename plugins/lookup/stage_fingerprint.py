@@ -38,6 +38,13 @@ options:
     description: The argument specs' entry point whose options are the role's inputs.
     type: str
     default: main
+  exclude:
+    description:
+      - Options that ask for an action rather than describe the result (C(ingress_rotate_key)) are left out,
+        so the run after the action finds nothing to do.
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -114,11 +121,14 @@ def file_identity(name: str) -> dict[str, Any] | None:
 
 class LookupModule(LookupBase):
     def run(self, terms: list[Any], variables: dict[str, Any] | None = None, **kwargs: Any) -> list[str]:
-        unknown = sorted(set(kwargs) - {"extra", "entry_point", "files"})
+        unknown = sorted(set(kwargs) - {"extra", "entry_point", "files", "exclude"})
         if unknown:
             raise AnsibleLookupError(
-                f"stage_fingerprint: unknown option {', '.join(unknown)} (extra, files, entry_point)"
+                f"stage_fingerprint: unknown option {', '.join(unknown)} (extra, files, entry_point, exclude)"
             )
+        exclude = kwargs.get("exclude") or []
+        if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
+            raise AnsibleLookupError(f"stage_fingerprint: exclude must be a list of option names, got {exclude!r}")
         files = kwargs.get("files") or []
         if not isinstance(files, list) or not all(isinstance(f, str) and f and "\n" not in f for f in files):
             raise AnsibleLookupError(f"stage_fingerprint: files must be a list of paths, got {files!r}")
@@ -126,7 +136,11 @@ class LookupModule(LookupBase):
             raise AnsibleLookupError(f"stage_fingerprint takes one role name, got {terms!r}")
         role = terms[0]
         variables = variables or {}
-        names = [name for name in role_inputs(role, kwargs.get("entry_point", "main")) if name in variables]
+        names = [
+            name
+            for name in role_inputs(role, kwargs.get("entry_point", "main"))
+            if name in variables and name not in exclude
+        ]
         values = self._templar.template({name: variables[name] for name in names})
         try:
             return [

@@ -12,12 +12,16 @@ percent-encoding, and no part may be ``.``, ``..`` or ``v1`` (a route
 ``a`` would otherwise swallow ``a/v1``'s). Caddy matches paths without regard
 to case, so two names that differ only in case are refused.
 
-The API key never enters the Caddyfile: Caddy compares the ``Authorization``
-header with ``{env.LOCALINFERENCE_INGRESS_API_KEY}`` at run time, and systemd
-(as root) gives Caddy that variable from the key file (mode 0600, owner root)
-through ``EnvironmentFile=``. Every value rendered into the Caddyfile passes a
-validator first (``_validate`` kinds, or the route-name rule above), so no
-newline, brace, quote or backtick can reach it.
+The API key never enters the Caddyfile: it holds ``{$LOCALINFERENCE_INGRESS_API_KEY}``,
+which Caddy's Caddyfile adapter replaces when it loads the file - at start and at
+each ``caddy reload`` (systemd's ``ExecReload=``) - from the environment systemd (as
+root) reads from the key file (mode 0600, owner root, ``EnvironmentFile=``) before
+each of those commands. So a new key takes effect with a reload, which keeps the
+streams in flight, not a restart, which ends them. A rotation passes through a key
+file with two keys (``..._NEXT``, both accepted), so whoever reads the file while
+Caddy reloads holds a key Caddy takes. Every value rendered into the Caddyfile passes
+a validator first (``_validate`` kinds, or the route-name rule above), so no newline,
+brace, quote or backtick can reach it; nor can a key (``api_key``: b64token characters).
 
 Pure functions: no AnsibleModule, unit-tested on their own.
 """
@@ -35,6 +39,8 @@ from ansible_collections.localinference.vllm.plugins.module_utils._validate impo
 )
 
 KEY_ENV = "LOCALINFERENCE_INGRESS_API_KEY"
+# The key being rotated in: accepted too while it is set (only during a rotation).
+NEXT_KEY_ENV = KEY_ENV + "_NEXT"
 # RFC 6750 b64token characters: safe in an HTTP header, a systemd EnvironmentFile
 # line and a CEL string without any quoting.
 _KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]")
@@ -82,9 +88,17 @@ def api_key(name: str, value: Any) -> str:
     return value
 
 
-def env_file(name: str, value: Any) -> str:
-    """The key file's content: one ``LOCALINFERENCE_INGRESS_API_KEY=<key>`` line."""
-    return f"{KEY_ENV}={api_key(name, value)}\n"
+def env_file(name: str, value: Any, next_value: Any = None) -> str:
+    """The key file's content: one ``LOCALINFERENCE_INGRESS_API_KEY=<key>`` line.
+
+    With ``next_value`` (a rotation's first step) a second line
+    ``LOCALINFERENCE_INGRESS_API_KEY_NEXT=<new key>``: Caddy accepts both, and a
+    reader of the first line (:func:`key_from_env_file`) still gets the key in use.
+    """
+    text = f"{KEY_ENV}={api_key(name, value)}\n"
+    if next_value is not None:
+        text += f"{NEXT_KEY_ENV}={api_key(name, next_value)}\n"
+    return text
 
 
 def route_prefix(name: str, served: Any) -> str:
@@ -255,17 +269,18 @@ def caddyfile(
 ) -> str:
     """The whole Caddyfile; ``routes`` come from :func:`config` (validated, longest first)."""
     journal = f"journalctl -u {unit} -n 200 --no-pager"
+    # {$NAME} is replaced when the Caddyfile is adapted (start and reload), not at
+    # run time like {env.NAME}: a reload then takes a new key. An unset key is
+    # empty and refuses everything; the next key counts only while it is set.
+    header = "{http.request.header.Authorization}"
     auth = (
-        "`{env."
-        + KEY_ENV
-        + '} != "" && {http.request.header.Authorization} == "Bearer " + {env.'
-        + KEY_ENV
-        + "}`"
+        f'`"{{${KEY_ENV}}}" != "" && ({header} == "Bearer {{${KEY_ENV}}}"'
+        f' || ("{{${NEXT_KEY_ENV}}}" != "" && {header} == "Bearer {{${NEXT_KEY_ENV}}}"))`'
     )
     lines = [
         "# Managed by localinference.vllm (role ingress); the next run replaces it.",
-        "# The API key is not in this file: Caddy reads it from the environment",
-        f"# ({KEY_ENV}), which systemd loads from the 0600 key file.",
+        "# The API key is not in this file: Caddy takes it from the environment",
+        f"# ({KEY_ENV}) when it loads this file; systemd reads the 0600 key file.",
         "{",
         "\tadmin localhost:2019",
         "}",
@@ -317,8 +332,11 @@ def caddyfile(
             f"\t\t\treverse_proxy {route['upstream']} {{",
             "\t\t\t\t# The key stops here; vLLM runs without one on loopback.",
             "\t\t\t\theader_up -Authorization",
-            "\t\t\t\t# Stream every token as it comes (SSE), never buffer.",
-            "\t\t\t\tflush_interval -1",
+            # Caddy flushes an SSE or unsized answer at once by itself; an explicit
+            # flush_interval -1 would tie the stream to the config and a reload
+            # (a key rotation) would cut it (Caddy 2.6).
+            "\t\t\t\t# Streams (SSE) are flushed token by token as they are; an explicit",
+            "\t\t\t\t# flush interval of -1 would make a reload end the streams in flight.",
             "\t\t\t\ttransport http {",
             f"\t\t\t\t\tdial_timeout {dial}s",
             "\t\t\t\t\t# A long prefill sends nothing for minutes (1,028 s to the",

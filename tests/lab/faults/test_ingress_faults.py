@@ -8,33 +8,54 @@
    anything is written: the installed Caddyfile and Caddy's process are unchanged.
 3. An upstream listening on every address is refused (the key would be bypassed)
    before Caddy is touched.
-Each test puts the lab back as it found it.
+4. Key rotation (-e ingress_rotate_key=true, with --diff): a stream started with the
+   old key before the rotation completes across both of Caddy's reloads; the old key
+   gets 401, the new one streams; the client's env file holds the new key (0600); the
+   run prints neither key; the watchdog, which reads the head's key file at each look,
+   stays healthy with no new incident; a second run without the option changes nothing.
+Each test puts the lab back as it found it (4 leaves a new key, which every reader -
+the harness, the watchdog, the client's env file - takes from the files).
 """
 
 from __future__ import annotations
 
 import json
+import stat
+import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 
 from lab.harness import (
+    API_KEY_FILE,
     HEAD,
     HOSTS,
+    LAB_DIR,
     MODEL,
     VLLM_UNIT,
+    WATCHDOG_UNIT,
     api_key,
     endpoint,
     exec_on,
+    incidents,
     run_playbook,
     streams_a_token,
+    wait_for,
+    watchdog_active,
 )
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_hosts")]
 
 CADDYFILE = "/etc/caddy/Caddyfile"
+HEAD_KEY_FILE = "/etc/localinference/ingress/api-key.env"
+CLIENT_ENV_FILE = LAB_DIR / "opencode" / "env"
+# The stream that must outlive the rotation: tokens the tiny model cannot end early
+# (ignore_eos), enough for about 40 s on the lab's CPUs - longer than the rotation's
+# run up to its second reload.
+STREAM_TOKENS = 1200
 RECOVERY_SECONDS = 600
 
 
@@ -124,3 +145,122 @@ def test_an_upstream_on_every_address_is_refused_before_caddy_is_touched():
     assert "ingress-bypass" in run.flat or "without the ingress key" in run.flat, run.tail()
     assert "0.0.0.0:18555" in run.flat, run.tail()
     assert caddy_state() == before
+
+
+def keyed_status(key: str) -> int:
+    request = urllib.request.Request(
+        f"{endpoint()}/models", headers={"Authorization": f"Bearer {key}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def long_stream(key: str, record: dict[str, Any]) -> None:
+    """A streamed chat completion with ``key``; ``record`` gets its times, tokens and end."""
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Count slowly."}],
+            "max_tokens": STREAM_TOKENS,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{endpoint()}/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    record.update(started=time.time(), chunks=0, done=False, finish=None)
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            record["status"] = response.status
+            for raw in response:
+                line = raw.decode("utf-8", "replace").strip()
+                if line == "data: [DONE]":
+                    record["done"] = True
+                elif line.startswith("data: "):
+                    record["chunks"] += 1
+                    for choice in json.loads(line[6:]).get("choices") or []:
+                        record["finish"] = choice.get("finish_reason") or record["finish"]
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        record["error"] = repr(err)
+    record["ended"] = time.time()
+
+
+def caddy_reloads(since: float) -> list[float]:
+    """Epochs at which systemd finished reloading Caddy since ``since``."""
+    journal = exec_on(HEAD, "journalctl", "-u", "caddy.service", "-o", "short-unix", "--no-pager",
+                      "-q", "--since", f"@{int(since)}", check=False).stdout  # fmt: skip
+    return [float(line.split()[0]) for line in journal.splitlines() if "Reloaded" in line]
+
+
+def watchdog_healthy_after(epoch: float) -> bool:
+    metrics = exec_on(HEAD, "curl", "-s", "-m", "5", "http://127.0.0.1:9109/metrics",
+                      check=False).stdout  # fmt: skip
+    values = dict(
+        line.rsplit(" ", 1) for line in metrics.splitlines() if line and not line.startswith("#")
+    )
+    look = float(values.get("localinference_watchdog_last_look_timestamp_seconds", "0"))
+    healthy = values.get('localinference_watchdog_verdict{verdict="healthy"}') == "1"
+    return look > epoch and healthy
+
+
+@pytest.mark.watchdog
+def test_a_key_rotation_keeps_a_stream_in_flight_and_refuses_the_old_key():
+    old = api_key()
+    assert old and keyed_status(old) == 200, (
+        "the lab does not answer with its key before the rotation"
+    )
+    assert watchdog_active(), f"{WATCHDOG_UNIT} does not run on {HEAD}"
+    started = time.time()
+    seen = len(incidents())
+
+    stream: dict[str, Any] = {}
+    reader = threading.Thread(target=long_stream, args=(old, stream), daemon=True)
+    reader.start()
+    wait_for("the stream's first chunk", lambda: stream.get("chunks", 0) > 0, 60, every=0.2)
+    run = run_playbook(
+        "ingress.yml", "--diff", extra_vars={"ingress_rotate_key": True}, timeout=600
+    )
+    rotated = time.time()
+    reader.join(timeout=300)
+    assert run.rc == 0, run.tail()
+
+    new = api_key()
+    assert new and new != old, f"{API_KEY_FILE} still holds the old key"
+    output = run.stdout + run.stderr
+    assert old not in output and new not in output, "the rotation printed a key (--diff)"
+
+    # The stream began before Caddy's first reload and ended, complete, after its last.
+    reloads = caddy_reloads(started)
+    assert len(reloads) >= 2, f"Caddy was not reloaded twice: {reloads}"
+    assert stream.get("error") is None, stream
+    assert stream["done"] and stream["finish"] == "length", stream
+    assert stream["started"] < reloads[0] and stream["ended"] > reloads[-1], (stream, reloads)
+
+    assert keyed_status(old) == 401
+    assert keyed_status(new) == 200 and streams_a_token(timeout=60)
+    assert CLIENT_ENV_FILE.read_text() == f"LOCALINFERENCE_API_KEY={new}\n"
+    for path in (API_KEY_FILE, CLIENT_ENV_FILE):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    head_file = exec_on(HEAD, "stat", "-c", "%a %U", HEAD_KEY_FILE).stdout.split()
+    assert head_file == ["600", "root"], head_file
+    # Caddy's running configuration holds the key: it is saved nowhere but /run/caddy.
+    found = exec_on(HEAD, "grep", "-rlF", "-f", "-", "/var/lib/caddy", "/var/log", "/etc/caddy",
+                    check=False, input=f"{old}\n{new}\n").stdout  # fmt: skip
+    assert found.strip() == "", f"a key is saved in {found.split()}"
+
+    # The watchdog read the new key from the head's file: a look after the rotation
+    # streamed (healthy) and no incident was recorded.
+    wait_for("a healthy look of the watchdog after the rotation",
+             lambda: watchdog_healthy_after(rotated), 60)  # fmt: skip
+    assert incidents()[seen:] == []
+
+    again = run_playbook("ingress.yml", timeout=600)
+    assert again.rc == 0, again.tail()
+    assert again.changed() == 0, again.tail()
+    assert api_key() == new

@@ -77,6 +77,15 @@ def test_a_changed_input_or_extra_changes_the_fingerprint_and_the_key_does_not()
     assert len(first) == 64
 
 
+def test_an_excluded_option_is_an_action_not_an_input():
+    base = {"ingress_port": 8080, "ingress_rotate_key": False}
+    first = lookup(base, exclude=["ingress_rotate_key"])
+    assert lookup({**base, "ingress_rotate_key": True}, exclude=["ingress_rotate_key"]) == first
+    assert lookup({**base, "ingress_rotate_key": True}) != lookup(base)
+    with pytest.raises(AnsibleLookupError, match="exclude must be a list"):
+        lookup(base, exclude="ingress_rotate_key")
+
+
 def test_templated_inputs_are_hashed_as_this_run_sees_them():
     # Role defaults and inventory values are trusted templates (ansible-core 2.19).
     assert lookup({"ingress_port": trust_as_template("{{ 8000 + 80 }}")}) == lookup({"ingress_port": 8080})

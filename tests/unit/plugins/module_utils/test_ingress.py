@@ -53,16 +53,22 @@ def test_routes_a_served_name_with_a_slash_by_path():
 
 def test_the_caddyfile_holds_what_the_issue_asks():
     text = _ingress.config(spec())["caddyfile"]
-    assert "flush_interval -1" in text
+    # Caddy 2.6 ends a stream whose handler says flush_interval -1 when its config is
+    # reloaded (a key rotation): SSE is flushed token by token without it.
+    assert "flush_interval -1" not in text
     assert "response_header_timeout 3600s" in text and "read_timeout 3600s" in text
     assert "header_up -Authorization" in text
     assert (
         "@route_0 path /localinference/tiny-deepseek/v1 /localinference/tiny-deepseek/v1/*" in text
     )
     assert "uri strip_prefix /localinference/tiny-deepseek" in text
-    # No key in the file: Caddy reads it from its environment at run time.
-    assert "{env.LOCALINFERENCE_INGRESS_API_KEY}" in text
-    assert '{env.LOCALINFERENCE_INGRESS_API_KEY} != ""' in text  # an unset key refuses everything
+    # No key in the file: Caddy takes it from its environment when it loads the file
+    # (start and reload), so a reload takes a new key.
+    assert '"Bearer {$LOCALINFERENCE_INGRESS_API_KEY}"' in text
+    assert '"{$LOCALINFERENCE_INGRESS_API_KEY}" != ""' in text  # an unset key refuses everything
+    # During a rotation the next key is accepted too, only while it is set.
+    assert '"{$LOCALINFERENCE_INGRESS_API_KEY_NEXT}" != "" && ' in text
+    assert "{env." not in text
     # The 502 body names the unit and how to read its log.
     assert "journalctl -u localinference-vllm.service" in text
     assert "on spark-head" in text
@@ -75,6 +81,19 @@ def test_the_key_never_reaches_the_caddyfile_or_the_result():
     built = _ingress.config(spec())
     assert key not in built["caddyfile"] and key not in json.dumps(built["result"])
     assert _ingress.env_file("ingress_api_key", key) == f"LOCALINFERENCE_INGRESS_API_KEY={key}\n"
+
+
+def test_a_rotation_file_holds_the_key_in_use_first_and_the_next_one():
+    old, new = "o" * 40, "n" * 48
+    text = FILTERS["ingress_key_env_file"](old, next_key=new)
+    assert text == (
+        f"LOCALINFERENCE_INGRESS_API_KEY={old}\nLOCALINFERENCE_INGRESS_API_KEY_NEXT={new}\n"
+    )
+    # Every reader of the key file (watchdog, doctor) keeps the key in use until the last step.
+    assert _ingress.key_from_env_file(text, "api-key.env") == old
+    with pytest.raises(AnsibleFilterError) as err:
+        FILTERS["ingress_key_env_file"](old, next_key="short")
+    assert "is 5 characters long" in str(err.value) and "short" not in str(err.value)
 
 
 def test_longer_routes_come_first():
