@@ -69,6 +69,7 @@ def ingress_exposure(
     upstream_ports: list[int],
     cluster_addresses: list[str],
     store_port: int = 29501,
+    confined_ports: Any = None,
 ) -> list[dict[str, Any]]:
     if not isinstance(sockets, list):
         raise AnsibleFilterError("ingress_exposure expects the list ingress_listening returns")
@@ -79,12 +80,19 @@ def ingress_exposure(
             f"upstream_ports must be port numbers, got {upstream_ports!r}"
         ) from None
     addresses = [str(a) for a in cluster_addresses if a]
+    try:
+        confined = [int(p) for p in confined_ports or []]
+    except (TypeError, ValueError):
+        raise AnsibleFilterError(
+            f"confined_ports must be port numbers (firewall_confined), got {confined_ports!r}"
+        ) from None
     return _ingress.exposure(
         sockets,
         host=host,
         upstream_ports=ports,
         cluster_addresses=addresses,
         store_port=int(store_port),
+        confined_ports=confined,
     )
 
 

@@ -437,6 +437,7 @@ def exposure(
     upstream_ports: list[int],
     cluster_addresses: list[str],
     store_port: int = 29501,
+    confined_ports: list[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Findings for engine sockets reachable beyond loopback and the cluster link.
 
@@ -444,12 +445,16 @@ def exposure(
     - torch's TCPStore (``store_port``) on the wildcard: ``warning`` (PyTorch binds its
       store server to every address whatever MASTER_ADDR says; a firewall must confine it);
     - any other engine or Ray socket on another address: ``error``.
+
+    A port in ``confined_ports`` (the serve role's nftables table, ``_firewall.confined_ports``)
+    answers only loopback and the cluster's addresses whatever it binds: no finding.
     """
     allowed = set(cluster_addresses)
+    confined = set(confined_ports or [])
     found: list[dict[str, Any]] = []
     for sock in sockets:
         address, port, process = sock["address"], sock["port"], sock["process"]
-        if _is_loopback(address) or address in allowed:
+        if _is_loopback(address) or address in allowed or port in confined:
             continue
         where = f"{address}:{port}" if ":" not in address else f"[{address}]:{port}"
         if port in upstream_ports:
@@ -476,7 +481,8 @@ def exposure(
                     f"torch's distributed store of the TP ranks listens on {where} on {host}: "
                     "PyTorch's TCPStore server binds every address (MASTER_ADDR only tells clients "
                     "where to connect)",
-                    "confine the port to the cluster interface with the node's firewall",
+                    "confine it with the serve role's firewall (serve_firewall: true, then "
+                    "--tags rollout,ingress)",
                     host=host,
                     address=address,
                     port=port,

@@ -129,7 +129,6 @@ EXPECTED = [
     ("F27", HEAD, "plan.json violations", "error"),
     ("F24", WORKER, "NTPSynchronized=no", "warning"),
     ("F1", WORKER, "serving.json recipe", "warning"),
-    ("torch-store-wildcard", HEAD, "ingress.json findings", "warning"),
 ]
 
 
@@ -353,6 +352,9 @@ def test_after_the_restore_the_doctor_is_healthy_and_nothing_changed(healthy_lab
     assert well.proc.rc == 0 and well.result["healthy"], well.shown()
     assert well.changed == 0, well.proc.tail()
     assert not [f for f in well.result["findings"] if f["severity"] == "error"], well.shown()
+    # The serve role's firewall confines the head's torch store: no warning about it (issue 27).
+    store = [f for f in well.result["findings"] if f["id"] == "torch-store-wildcard"]
+    assert not store, well.shown()
     now = lab_state()
     for key in healthy_lab:
         assert now[key] == healthy_lab[key], f"{key} changed:\n{healthy_lab[key]}\n---\n{now[key]}"
