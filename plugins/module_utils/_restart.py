@@ -8,7 +8,10 @@ The rollout (``playbooks/rollout.yml``) and the watchdog restart a cluster the s
    reverse (the server before its runtime), the head first — :func:`stop_units`, which the
    rollout's ``serving_state stop_live`` calls too;
 2. **verify** every node: the unit files on disk are exactly the ones ``serving.json``
-   records (checksums and recipe hash, F10) — :func:`verify_node`;
+   records (checksums and recipe hash, F10) and, in the rollout, ``serving.json`` is exactly
+   what was rendered for the inventory's ask (the recipe and its hash, the image by digest,
+   the environment, the weights digest, the unit checksums) — :func:`verify_node`, the one
+   verifier of both (the rollout calls it through ``serving_state state=verified``);
 3. **start** the head's Ray unit (Ray only), the workers, then the head's server —
    :func:`restart_plan` orders the nodes, :func:`start_units` starts one node's units;
 4. **prove** a streamed first token (the caller: ``serving_ready`` in the rollout, the
@@ -31,6 +34,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._stage_checks 
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._state import (
     check_document,
+    differences,
     unit_file_problems,
 )
 
@@ -72,12 +76,22 @@ def start_units(runner, units: Sequence[str]) -> list[str]:
 
 
 def verify_node(
-    document: Any, unit_dirs: Sequence[str], read: Callable[[str], str | None]
+    document: Any,
+    unit_dirs: Sequence[str],
+    read: Callable[[str], str | None],
+    wanted: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The node's reconciled state against its unit files: ``{ok, start_order, problems}``."""
+    """The node's reconciled state against its unit files: ``{ok, start_order, problems}``.
+
+    ``document`` is ``serving.json`` as read back from the node (schema-checked here, never
+    trusted). With ``wanted`` (the document rendered for the inventory's ask, as the rollout
+    has it) every difference from it is a problem too; without it (the watchdog) the node is
+    checked against its own record only: the watchdog never changes a recipe.
+    """
     trusted, problems = check_document(document, tuple(unit_dirs))
     if trusted["valid"]:
-        problems = unit_file_problems(trusted, read)
+        problems = differences(document, dict(wanted)) if wanted is not None else []
+        problems += unit_file_problems(trusted, read)
     return {"ok": not problems, "start_order": trusted["start_order"], "problems": problems}
 
 

@@ -14,7 +14,10 @@ description:
   - Keeps one reconciled state document per node (default C(/etc/localinference/serving.json))
     with the recipe, its hash and the checksums of the unit files; every unit carries the hash.
   - C(state=verified) proves the node's document and unit files equal what the inventory asks
-    and fails with the difference otherwise (failure F10, a stale reconciled registry).
+    and fails with the difference otherwise (failure F10, a stale reconciled registry): the
+    recipe and its hash, the image by digest, the environment, the weights digest and every unit
+    file's checksum and carried hash, exactly as rendered. The rollout calls it after the update
+    and before the start on every node, with the verifier the watchdog's restart uses.
   - Every recipe and node value that reaches a unit file, a command line or a path is validated
     first (no control characters, image pinned by digest, absolute normalised paths, C(devices) as
     CDI names or nodes under C(/dev), host names, environment names, ports in range); a refusal
@@ -423,7 +426,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint i
     lint_parallel,
     model_geometry,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._restart import stop_units
+from ansible_collections.localinference.vllm.plugins.module_utils._restart import (
+    stop_units,
+    verify_node,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
     guards as memory_guards,
 )
@@ -861,10 +867,12 @@ def main():
     live_text, live, trusted, live_problems = _load(state_path, unit_dirs, "serving.json")
     if live_text is None and not live_problems:
         live_diff = differences(None, document)
-    else:
+    elif live_problems:
         # A malformed document is reported by what is wrong with it, not key by key.
-        live_diff = list(live_problems) or differences(live, document)
-        live_diff += unit_file_problems(trusted, read_text)
+        live_diff = list(live_problems) + unit_file_problems(trusted, read_text)
+    else:
+        # What is on disk against what was rendered: the restart path's one verifier.
+        live_diff = verify_node(live, unit_dirs, read_text, wanted=document)["problems"]
     findings = [finding("F10", "error", problem, STATE_FIX) for problem in live_problems]
     result = {
         "changed": False,

@@ -66,6 +66,33 @@ def too_large(baseline) -> dict:
     return recipe
 
 
+# The rollout's steps as the task log names them (roles/serve/tasks/).
+STEPS = {
+    "Apply | rm - stop the old units; update - write the reconciled state and units": "rm-update",
+    "Verify | the node's reconciled state equals the inventory's ask (F10, F14, F17)": "verify",
+    "Start | Start this worker's units": "start",
+    "Start | Start the server": "start",
+}
+TASK_LINE = re.compile(r"^TASK \[(?:[\w.]+ : )?(.+?)\] \**$")
+RESULT_LINE = re.compile(r"^(ok|changed|fatal): \[([\w.-]+)\]")
+
+
+def steps_by_node(stdout: str) -> dict[str, list[str]]:
+    """``{host: ["rm-update", "verify", "start", ...]}``: the steps each node ran, in order."""
+    done: dict[str, list[str]] = {}
+    task, seen = None, set()
+    for line in stdout.splitlines():
+        match = TASK_LINE.match(line)
+        if match:
+            task, seen = STEPS.get(match.group(1)), set()
+            continue
+        match = RESULT_LINE.match(line)
+        if task and match and match.group(2) not in seen:
+            seen.add(match.group(2))
+            done.setdefault(match.group(2), []).append(task)
+    return done
+
+
 def test_too_large_max_model_len_is_refused_by_the_plan_before_any_boot(baseline):
     invocations = unit_invocations()
     proc = rollout(too_large(baseline), tags="rollout")
@@ -94,6 +121,12 @@ def test_a_start_the_plan_did_not_foresee_rolls_back_quoting_the_estimate(baseli
     assert match, out[-3000:]
     assert 0 < int(match.group(1)) < 32768
     assert "Rolled back: the endpoint serves the previous recipe" in out
+    # Verified after the update and before the start, on both nodes, both times
+    # (the last verify is the rollout's check of what now serves).
+    restart = ["rm-update", "verify", "start"]
+    assert steps_by_node(proc.stdout) == {
+        host: restart + restart + ["verify"] for host in (HEAD, WORKER)
+    }, proc.tail()
     assert read_json(HEAD, SERVING_STATE)["recipe_hash"] == baseline["hash"]
     assert read_json(WORKER, SERVING_STATE)["recipe_hash"] == baseline["hash"]
     assert served_max_model_len() == baseline["max_model_len"]
