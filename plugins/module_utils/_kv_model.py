@@ -102,6 +102,7 @@ class Fit:
     # how a and b were found (see CALIBRATIONS); "bounded" plans never extrapolate
     calibration: str = "tokens_only"
     bounded: bool = False
+    sources: dict[str, int] = field(default_factory=dict)
 
     def per_request(self, length: int) -> float:
         return self.a + self.b * length
@@ -118,6 +119,8 @@ class Fit:
             "distinct_lengths": self.distinct_lengths,
             "fit_error": round(self.fit_error, 6),
             "calibration": self.calibration,
+            # How many boots of each source (boot, error_report) the fit stands on.
+            "sources": dict(sorted(self.sources.items())),
             "notes": list(self.notes),
         }
         if self.mode == "memory" and self.b > 0:
@@ -175,6 +178,14 @@ def _relative_error(fit: Fit, points: list[tuple[int, float, int]]) -> float:
     return worst
 
 
+def _sources(boots: list[Boot]) -> dict[str, int]:
+    """Boots per source (``boot``, ``error_report``: a refused start's points)."""
+    counts: dict[str, int] = {}
+    for boot in boots:
+        counts[boot.source] = counts.get(boot.source, 0) + 1
+    return counts
+
+
 def fit_boots(boots: list[Boot], constant_per_token: bool = False) -> Fit:
     """Least-squares fit of ``m(L) = a + b*L`` over boots that report memory.
 
@@ -197,6 +208,7 @@ def fit_boots(boots: list[Boot], constant_per_token: bool = False) -> Fit:
         fit.calibration, fit.bounded = (
             ("constant_per_token", False) if constant else ("tokens_only", True)
         )
+        fit.sources = _sources(boots)
         return fit
     # per-request memory at each boot's own L: m = M / C = M * L / T
     lengths = [float(p[0]) for p in points]
@@ -234,6 +246,7 @@ def fit_boots(boots: list[Boot], constant_per_token: bool = False) -> Fit:
         )
     fit = Fit("memory", a, b, calibrated, len(points), distinct, 0.0, notes)
     fit.calibration, fit.bounded = calibration, calibration == "single_boot_bounded"
+    fit.sources = _sources([b for b in boots if b.memory_gib])
     fit.fit_error = _relative_error(fit, points)
     return fit
 

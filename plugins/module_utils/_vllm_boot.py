@@ -185,6 +185,46 @@ def read_engine_config(line: str) -> dict[str, int]:
     return found
 
 
+# vLLM prints these GiB figures with two decimals (0.005 GiB either way); a printed figure
+# calibrates only when that is within 2 % of it (from 0.25 GiB up).
+PRINTED_GIB_ERROR = 0.005
+PRINTED_GIB_TOLERANCE = 0.02
+
+
+def _pinned_error_points(
+    common: dict[str, Any], requested: int, estimate: int, needed: float | None, kv_gib: float
+) -> list[dict[str, Any]]:
+    """The error's points when the caller knows the KV memory exactly (a pinned KV size).
+
+    vLLM's estimate is the longest length that memory holds: that point is exact. The
+    needed memory at the requested length is kept only when its printed figure is
+    precise enough (a 4 MiB pin prints as 0.00 GiB available and 0.01 GiB needed).
+    """
+    points = []
+    if needed and needed > kv_gib and PRINTED_GIB_ERROR / needed <= PRINTED_GIB_TOLERANCE:
+        points.append(
+            {
+                **common,
+                "max_model_len": requested,
+                "kv_tokens": requested,
+                "kv_memory_gib": needed,
+                "memory_observed": False,
+                "error_point": "needed",
+            }
+        )
+    points.append(
+        {
+            **common,
+            "max_model_len": estimate,
+            "kv_tokens": estimate,
+            "kv_memory_gib": kv_gib,
+            "available_kv_gib": kv_gib,
+            "error_point": "available",
+        }
+    )
+    return points
+
+
 def error_observations(
     boot: dict[str, Any], base: dict[str, Any], kv_memory_gib: float | None
 ) -> list[dict[str, Any]]:
@@ -194,7 +234,8 @@ def error_observations(
     needs X GiB and estimates the longest length the available Y GiB holds: two
     points of ``a + b*L``, each one full-length request in that memory
     (``kv_tokens = max_model_len``). The needed memory is vLLM's computation, not
-    memory any rank had (``memory_observed: false``). V0 states the capacity in
+    memory any rank had (``memory_observed: false``). With ``kv_memory_gib`` (a pinned KV
+    size, exact) the available point uses it (:func:`_pinned_error_points`). V0 states the capacity in
     tokens, which does not depend on the length: one point with
     ``constant_per_token``.
     """
@@ -202,6 +243,8 @@ def error_observations(
     estimate = boot["estimated_max_model_len"]
     needed, available = boot["kv_needed_gib"], boot["kv_available_gib"]
     common = {**base, "source": "error_report", "max_concurrency": 1.0}
+    if requested and estimate and kv_memory_gib is not None and kv_memory_gib > 0:
+        return _pinned_error_points(common, requested, estimate, needed, kv_memory_gib)
     if requested and estimate and needed and available and needed > available > 0:
         return [
             {

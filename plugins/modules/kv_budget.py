@@ -219,6 +219,8 @@ model:
       C(tokens_only) (no memory figure), C(constant_per_token), C(per_token_kib), or C(none) without any
       boot; C(bounded_by_evidence) the length the plan was held to and C(evidence_needed) what would
       let it go further.
+    - C(sources) counts the boots the fit stands on by source - C(boot) (a start that reported its KV
+      cache) and C(error_report) (the points of a start vLLM refused, recorded by the rollout).
   returned: always
   type: dict
 memory_source:

@@ -6,7 +6,10 @@
    any node is touched; with a stale plan that says it fits, vLLM refuses the
    start, the rollout rolls back to the previous recipe and quotes vLLM's
    estimated maximum model length; the endpoint keeps serving the previous
-   recipe.
+   recipe. Every node went rm -> update -> verify -> start, for the new recipe
+   and again for the rollback (the task log says so, node by node). The
+   refusal is evidence: its error report is appended to the head's observation
+   file (source error_report) and the next plan stands on it, no hand work.
 2. An edited reconciled state file (F10) is caught by verify, with the difference.
 3. A stopped worker aborts the rollout before the head is touched.
 
@@ -25,6 +28,7 @@ import pytest
 
 from lab.harness import (
     HEAD,
+    PLAN_RESULT,
     SERVING_STATE,
     WORKER,
     exec_on,
@@ -41,6 +45,7 @@ from lab.harness import (
 )
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_hosts")]
+OBSERVATIONS = "/var/lib/localinference/observations.json"
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +119,7 @@ def test_a_start_the_plan_did_not_foresee_rolls_back_quoting_the_estimate(baseli
         "violations": [],
         "feasible": True,
     }
+    recorded = read_text(HEAD, OBSERVATIONS)
     proc = rollout(recipe, extra_vars={"serve_plan": stale_plan})
     out = proc.flat
     assert proc.rc != 0, out[-3000:]
@@ -131,6 +137,24 @@ def test_a_start_the_plan_did_not_foresee_rolls_back_quoting_the_estimate(baseli
     assert read_json(WORKER, SERVING_STATE)["recipe_hash"] == baseline["hash"]
     assert served_max_model_len() == baseline["max_model_len"]
     first_token()
+    # The refusal taught the plan: vLLM's estimate at the pinned 4 MiB, appended by the rollout.
+    try:
+        learned = [
+            entry for entry in read_json(HEAD, OBSERVATIONS)[len(json.loads(recorded)):]
+            if entry.get("source") == "error_report"
+        ]
+        assert [e["max_model_len"] for e in learned if e["error_point"] == "available"] == [
+            int(match.group(1))
+        ], learned
+        assert all(e["calibration"] and e["kv_memory_gib"] for e in learned), learned
+        plan = rollout(tags="plan")
+        assert plan.rc == 0, plan.tail()
+        model = read_json(HEAD, PLAN_RESULT)["result"]["model"]
+        assert model["sources"].get("error_report", 0) >= 1, model
+        assert model["calibration"] in ("error_report", "two_points"), model
+    finally:
+        # The lab's evidence as it was: later tests plan from the inventory's boots.
+        write_text(HEAD, OBSERVATIONS, recorded)
 
 
 def test_edited_state_file_is_caught_by_verify(baseline):

@@ -549,3 +549,27 @@ def test_html_spans_and_ansi_around_a_real_line_are_removed() -> None:
     for pasted in (html, ansi, f"> {ansi}", f"\u258e {line}", f"| {line}"):
         assert unwrap(pasted) == [line], pasted
         assert parse_log(pasted)["estimated_max_model_len"] == 13528
+
+
+# A refused start with the KV size pinned (kv_memory_gib exact): vLLM's estimate is exact at
+# that memory; its printed "needed" figure calibrates only when 0.01 GiB is within 2 % of it.
+PINNED_ERRORS = [
+    pytest.param(
+        "real-cpu-insufficient-kv-len32768.log", 8 / 1024,
+        [("available", 16256, 8 / 1024)],
+        id="8MiB-pinned-needed-0.02GiB-too-coarse",
+    ),
+    pytest.param(
+        "public-v1-deepseek-v4-flash-tp2-not-enough-kv.log", 5.5,
+        [("needed", 30000, 6.66), ("available", 13528, 5.5)],
+        id="deepseek-needed-6.66GiB-kept",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fixture", "pinned", "points"), PINNED_ERRORS)
+def test_a_refused_start_with_a_pinned_kv_size(fixture: str, pinned: float, points: list) -> None:
+    parsed = parse_log((FIXTURES / fixture).read_text())
+    entries = to_observations(parsed, host="h", recorded_at="t", kv_memory_gib=pinned)
+    assert [(e["error_point"], e["max_model_len"], e["kv_memory_gib"]) for e in entries] == points
+    assert all(e["source"] == "error_report" and e["kv_tokens"] == e["max_model_len"] for e in entries)
