@@ -130,7 +130,8 @@ class Watchdog:
                 try:
                     summary = summarise(body) if status == 200 else None
                     look["metrics"][node["name"]] = (
-                        {"running": summary["requests_running"], "generation_tokens": summary["generation_tokens"]}
+                        {"running": summary["requests_running"], "generation_tokens": summary["generation_tokens"],
+                         "prompt_tokens": summary["prompt_tokens"]}
                         if summary else {"error": f"/metrics answered {status}"})
                 except MetricsError as exc:
                     look["metrics"][node["name"]] = {"error": str(exc)[:200]}

@@ -12,8 +12,10 @@ Verdicts (roles/watchdog/README.md):
   with one rank restarted cannot rejoin), or the engine has not answered ``/health`` on two
   looks although its units are active past the boot grace; the ingress unit failed (the
   engine streams directly): ``down`` with target ``ingress``;
-- ``wedged``: on two consecutive looks, no streamed token while ``/health`` answers (F28),
-  or requests running while the generation counter stands still;
+- ``wedged``: on two consecutive looks, no streamed token while ``/health`` answers and the
+  engine's token counters (prompt and generated) stand still (F28), or requests running while
+  they stand still; a probe that misses its deadline while the counters move is a saturated
+  engine: degraded, no action;
 - ``degraded``: warn, no action: fabric drift (MTU, GID index, link), kernel events (Xid,
   AER, OOM kill), memory pressure, a first wedge sign, a booting engine, a cluster link
   that is down or runs below its MTU (a restart cannot help while the ranks cannot meet);
@@ -127,23 +129,38 @@ def node_signs(name: str, node: Mapping[str, Any], expect: Mapping[str, Any],
     return out
 
 
-def _stalled(metrics: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str | None:
-    """Requests running and the generation counter standing still since the last look."""
+def _progress(metrics: Mapping[str, Any], previous: Mapping[str, Any] | None) -> float | None:
+    """Tokens the engine processed (prompt and generated) since the last look; None when unknown."""
     if not previous or "error" in metrics or "error" in previous:
         return None
-    running, tokens, before = (metrics.get("running"), metrics.get("generation_tokens"),
-                               previous.get("generation_tokens"))
-    if not all(isinstance(v, (int, float)) for v in (running, tokens, before)):
+    moved = [metrics[key] - previous[key] for key in ("generation_tokens", "prompt_tokens")
+             if isinstance(metrics.get(key), (int, float)) and isinstance(previous.get(key), (int, float))]
+    return sum(max(0, m) for m in moved) if moved else None
+
+
+def _stalled(metrics: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str | None:
+    """Requests running and no token processed (prompt or generated) since the last look."""
+    running = metrics.get("running")
+    if not isinstance(running, (int, float)) or running <= 0 or _progress(metrics, previous) != 0:
         return None
-    if running > 0 and tokens == before:
-        return f"{running:g} request(s) running and no token generated since the last look"
-    return None
+    return f"{running:g} request(s) running and no token processed since the last look"
+
+
+def busy(look: Mapping[str, Any], previous: Mapping[str, Any] | None) -> float:
+    """Tokens the engine processed since the last look, over every node that serves metrics.
+
+    A long prefill or a full batch can keep the probe's first token past its deadline; an
+    engine whose counters move is saturated, not wedged (a stopped rank moves nothing).
+    """
+    return sum(_progress(metrics, ((previous or {}).get("metrics") or {}).get(name)) or 0
+               for name, metrics in (look.get("metrics") or {}).items())
 
 
 def wedge_sign(look: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str | None:
     """Why this look shows a wedged engine (F28), or None."""
     token, engine = look.get("token") or {}, look.get("engine") or {}
-    if token.get("ok") is False and engine.get("health") == 200 and engine.get("token_ok") is not True:
+    if (token.get("ok") is False and engine.get("health") == 200 and engine.get("token_ok") is not True
+            and not busy(look, previous)):
         return (f"no token within {token.get('deadline_s')} s ({str(token.get('error'))[:160]}) "
                 "while /health answers 200")
     for name, metrics in (look.get("metrics") or {}).items():
@@ -203,6 +220,10 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
                                          "larger frames are dropped: waiting for it, no restart")
     elif starting and token.get("ok") is not True and engine.get("health") != 200:
         verdict, evidence = "degraded", "the engine is starting (within the boot grace): no verdict yet"
+    elif token.get("ok") is False and engine.get("health") == 200 and busy(look, previous):
+        verdict = "degraded"
+        evidence = (f"no token within {token.get('deadline_s')} s, but the engine processed "
+                    f"{busy(look, previous):g} tokens since the last look: saturated, not wedged")
     elif wedge or no_answer:
         bad = int(state.get("bad_looks", 0)) + 1
         first = state.get("first_bad_at") or now

@@ -20,7 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from lab.harness import HEAD, HOSTS, exec_on, inventory_recipe, read_json, rollout, run_playbook, streams_a_token
+from lab.harness import (
+    HEAD,
+    HOSTS,
+    exec_on,
+    inventory_recipe,
+    read_json,
+    rollout,
+    run_playbook,
+    streams_a_token,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.extended, pytest.mark.usefixtures("lab_hosts")]
 
@@ -54,23 +63,35 @@ def test_an_upgrade_that_regresses_reverts_and_one_that_qualifies_is_promoted(tm
     assert len(before) == 1, before
     try:
         # The baseline: the serving stack qualified under this test's saved verdict.
-        base = run_playbook("qualify.yml", extra_vars={
-            "qualify_checks": CHECKS, "qualify_saved_path": SAVED, "qualify_report_dir": str(tmp_path / "base")})
+        base = run_playbook(
+            "qualify.yml",
+            extra_vars={
+                "qualify_checks": CHECKS,
+                "qualify_saved_path": SAVED,
+                "qualify_report_dir": str(tmp_path / "base"),
+            },
+        )
         assert base.rc == 0, base.tail()
 
         reverted = upgrade(tmp_path / "half", {"max_num_seqs": max(1, streams // 2)})
         assert reverted.rc != 0, "a reverted upgrade must end the run failed"
-        assert "UPGRADE: reverted: the last good stack serves again (verdict challenger)" in reverted.flat, \
-            reverted.tail()
-        assert "concurrency" in reverted.flat and f"max_num_seqs: {streams} -> {max(1, streams // 2)}" in reverted.flat, \
-            reverted.tail()
+        assert (
+            "UPGRADE: reverted: the last good stack serves again (verdict challenger)"
+            in reverted.flat
+        ), reverted.tail()
+        assert (
+            "concurrency" in reverted.flat
+            and f"max_num_seqs: {streams} -> {max(1, streams // 2)}" in reverted.flat
+        ), reverted.tail()
         assert serving_hashes() == before
         assert streams_a_token(timeout=60)
 
         promoted = upgrade(tmp_path / "seed", {"seed": 1234})
         assert promoted.rc == 0, promoted.tail()
-        assert "UPGRADE: promoted: the new stack serves and is the last good one (verdict promote)" in promoted.flat, \
-            promoted.tail()
+        assert (
+            "UPGRADE: promoted: the new stack serves and is the last good one (verdict promote)"
+            in promoted.flat
+        ), promoted.tail()
         newest = json.loads(exec_on(HEAD, "cat", LOCK).stdout)["entries"][0]
         assert newest["nodes"][HEAD]["recipe"].get("seed") == 1234
         assert read_json(HEAD, SAVED)["result"]["verdict"] == "promote"

@@ -11,15 +11,23 @@ from ansible_collections.localinference.vllm.plugins.filter.upgrade import Filte
 upgrade_recipe = FilterModule().filters()["upgrade_recipe"]
 
 DIGEST = "localhost/localinference-vllm-cpu@sha256:" + "ab" * 32
-CURRENT = {"model": "localinference/tiny-deepseek", "revision": "5eed0c0ffee0000000000000000000000000000a",
-           "image": DIGEST, "max_num_seqs": 4}
+CURRENT = {
+    "model": "localinference/tiny-deepseek",
+    "revision": "5eed0c0ffee0000000000000000000000000000a",
+    "image": DIGEST,
+    "max_num_seqs": 4,
+}
 
 
 @pytest.mark.parametrize(
     ("recipe", "changes", "expected"),
     [
         ({}, {"max_num_seqs": 2}, {**CURRENT, "max_num_seqs": 2}),
-        ({}, {"image": DIGEST.replace("ab", "cd")}, {**CURRENT, "image": DIGEST.replace("ab", "cd")}),
+        (
+            {},
+            {"image": DIGEST.replace("ab", "cd")},
+            {**CURRENT, "image": DIGEST.replace("ab", "cd")},
+        ),
         ({**CURRENT, "max_num_seqs": 8}, {}, {**CURRENT, "max_num_seqs": 8}),
         ({**CURRENT, "max_num_seqs": 8}, {"seed": 7}, {**CURRENT, "max_num_seqs": 8, "seed": 7}),
     ],
@@ -36,12 +44,23 @@ def test_the_new_stack(recipe, changes, expected):
         ({}, {"max_num_seqs": 4}, ["max_num_seqs", "nothing to upgrade"]),
         ({}, "image=x", ["upgrade_set", "mapping", "str"]),
         ([], {}, ["upgrade_recipe", "mapping", "list"]),
-        ({}, {"image": "docker.io/vllm/vllm-openai:latest"}, ["upgrade_set", "vllm_recipe.image", "digest"]),
+        (
+            {},
+            {"image": "docker.io/vllm/vllm-openai:latest"},
+            ["upgrade_set", "vllm_recipe.image", "digest"],
+        ),
         ({}, {"max_num_seqs": "four"}, ["upgrade_set", "max_num_seqs", "four"]),
         ({}, {"served_model_name": "x\n[Service]"}, ["upgrade_set", "served_model_name"]),
     ],
-    ids=["nothing given", "nothing changes", "a string", "a list", "a tag, no digest", "a word for a number",
-         "a newline"],
+    ids=[
+        "nothing given",
+        "nothing changes",
+        "a string",
+        "a list",
+        "a tag, no digest",
+        "a word for a number",
+        "a newline",
+    ],
 )
 def test_a_bad_new_stack_is_refused_naming_the_variable(recipe, changes, words):
     with pytest.raises(AnsibleFilterError) as err:
