@@ -11,6 +11,10 @@ They run on the controller over facts already gathered: no extra round trip.
 - ``fabric_publish``: ``{inputs, result}`` for ``localinference.vllm.stage_result`` (stage fabric;
   ``result.pings``: what every (interface, peer) pair answered).
 - ``fabric_report``: every node's findings as one table (a list of lines).
+- ``fabric_busbw_command``: this node's argv of the collective bandwidth measurement (empty: none here;
+  ``module_utils/_fabric_busbw_run.py``).
+- ``fabric_busbw_judge``: rank 0's registered run -> ``{result, findings}`` of the gate
+  (``module_utils/_fabric_busbw.py``); ``result`` is saved as ``fabric.json``'s ``collective``.
 - ``fabric_single_host``: ``{inputs, result, message}`` on the only node of the cluster
   (nothing to link; ``module_utils/_fabric_single.py``).
 """
@@ -24,8 +28,11 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.module_utils import (
     _fabric,
+    _fabric_busbw,
+    _fabric_busbw_run,
     _fabric_pairs,
     _fabric_single,
+    _fabric_twins,
 )
 
 
@@ -113,6 +120,52 @@ def fabric_report(findings: list[dict[str, Any]]) -> list[str]:
 
 
 @_judgement
+def fabric_busbw_command(
+    busbw: dict[str, Any],
+    host: str,
+    nodes: list[str],
+    addresses: dict[str, str],
+    ifname: str,
+    env: dict[str, Any] | None = None,
+) -> list[str]:
+    cfg = _fabric_busbw_run.busbw_config(busbw)
+    if not cfg["enabled"] or host not in nodes or len(nodes) < 2:
+        return []
+    return _fabric_busbw_run.command(cfg, host, nodes, addresses, ifname, env or {})
+
+
+@_judgement
+def fabric_busbw_judge(
+    run: dict[str, Any] | None,
+    busbw: dict[str, Any],
+    settings: dict[str, Any],
+    host: str,
+    rdma: dict[str, Any],
+    env: dict[str, Any] | None = None,
+    why_not: str = "",
+) -> dict[str, Any]:
+    bcfg = _fabric_busbw_run.busbw_config(busbw)
+    cfg = _fabric.config(settings)
+    ports = _fabric.rdma_ports(cfg, rdma)
+    hca_list = str((env or {}).get("NCCL_IB_HCA") or "")
+    context = {
+        "host": host,
+        "backend": "gloo (CPU stand-in)" if bcfg["backend"] == "gloo" else "nccl",
+        "hcas": [h for h in hca_list.split(",") if h],
+        "hcas_behind": list(dict.fromkeys(p["hca"] for p in ports if p["hca"])),
+        "twins": _fabric_twins.twin_pairs(rdma),
+        "mtu": cfg["mtu"],
+        "rdma_active_mtus": [p["port"].get("active_mtu") for p in ports if p["port"]],
+        "ib_hcas_given": cfg["ib_hcas"],
+    }
+    outcome = None if why_not else _fabric_busbw.run_outcome(run, bcfg["timeout"])
+    verdict = _fabric_busbw.judge(outcome, bcfg["min_gbps"], context)
+    if why_not or outcome is None:
+        verdict["result"]["note"] = why_not or "the collective bandwidth was not measured"
+    return verdict
+
+
+@_judgement
 def fabric_single_host(host: str, nodes: list[str], interfaces: Any = None) -> dict[str, Any]:
     return _fabric_single.single_host(host, nodes, interfaces)
 
@@ -129,4 +182,6 @@ class FilterModule:
             "fabric_publish": fabric_publish,
             "fabric_report": fabric_report,
             "fabric_single_host": fabric_single_host,
+            "fabric_busbw_command": fabric_busbw_command,
+            "fabric_busbw_judge": fabric_busbw_judge,
         }

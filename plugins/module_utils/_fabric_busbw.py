@@ -304,3 +304,21 @@ def judge(
             )
         ],
     }
+
+
+def run_outcome(run: Mapping[str, Any] | None, timeout: int) -> dict[str, Any] | str | None:
+    """What rank 0's registered command result says: the parsed run, why there is
+    no figure, or None when it did not run."""
+    if not run or run.get("skipped") or "rc" not in run:
+        return None
+    stdout = str(run.get("stdout") or "")
+    if run["rc"] in (124, 137):
+        return f"the measurement passed its deadline of {timeout} s (timeout killed it)"
+    try:
+        parsed = parse_all_reduce(stdout)
+    except BusbwParseError as exc:
+        tail = [line for line in str(run.get("stderr") or "").splitlines() if line.strip()][-1:]
+        return f"rc {run['rc']}: {exc}" + (f" ({tail[0][:200]})" if tail else "")
+    return (
+        parsed if run["rc"] == 0 else f"rc {run['rc']} after a table: {parsed['busbw_gbps']} GB/s"
+    )

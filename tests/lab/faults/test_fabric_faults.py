@@ -8,7 +8,10 @@ jumbo pings; RDMA from the stand-ins (lab/standins).
 2. F19: the worker's cluster MTU is set to 1500 behind the collection's back
    (``ip link set``); the fabric run fails with "1472 passes while 8972 fails".
    Afterwards the profile is re-activated and a run passes again.
-3. F20: the worker's RoCE v2 GID for its address moves from index 3 to 7; the
+3. The collective bandwidth gate: the clean run saves the gloo stand-in's
+   figure (verdict pass); a gate far above what the veth carries makes the
+   stage refuse with the measured figure and the gate, saved as ``below``.
+4. F20: the worker's RoCE v2 GID for its address moves from index 3 to 7; the
    run passes and publishes NCCL_IB_GID_INDEX 7 for the worker, 3 for the head,
    and the worker's saved fabric.json says 7 (3 again after the restoring run).
 """
@@ -54,6 +57,13 @@ def nmcli_field(host: str, field: str) -> str:
 def test_clean_run_is_idempotent():
     first = fabric()
     assert first.rc == 0, first.tail()
+    # the collective bandwidth gate: gloo over the veth (the CPU stand-in), saved on every node
+    for host in HOSTS:
+        collective = read_json(host, FABRIC_RESULT)["result"]["collective"]
+        assert collective["verdict"] == "pass", collective
+        assert collective["stand_in"] is True and "CPU stand-in" in collective["note"], collective
+        assert collective["busbw_gbps"] >= collective["min_busbw_gbps"] == 0.02, collective
+        assert collective["size_bytes"] == 4194304 and collective["rank0"] == HEAD, collective
     second = fabric()
     assert second.rc == 0, second.tail()
     counts = second.recap
@@ -79,6 +89,25 @@ def test_f19_mtu_changed_behind_the_collections_back():
     assert mtu(WORKER) == 9000
     again = fabric()
     assert again.rc == 0, again.tail()
+
+
+def test_busbw_gate_refuses_a_link_below_it():
+    # the same measurement (a few seconds of traffic) judged against a gate no veth reaches
+    result = run_playbook("fabric.yml", extra_vars={"cluster_network_min_busbw_gbps": 1000}, timeout=600)
+    assert result.rc != 0, result.tail()
+    said = " ".join(result.stdout.split())  # the report's lines as one, however the callback wraps them
+    assert "is below the gate of 1000 GB/s" in said, result.tail()
+    assert "gloo (CPU stand-in) bus bandwidth" in said
+    saved = read_json(HEAD, FABRIC_RESULT)["result"]["collective"]
+    assert saved["verdict"] == "below" and saved["min_busbw_gbps"] == 1000, saved
+    # the saved errors are what a later stage refuses (the rollout reads fabric.json)
+    errors = [f for f in read_json(HEAD, FABRIC_RESULT)["result"]["findings"] if f["severity"] == "error"]
+    assert [f["id"] for f in errors] == ["busbw"], errors
+    assert f"{saved['busbw_gbps']:g} GB/s" in said
+    # a run with the profile's gate passes again (and leaves a clean saved result)
+    again = fabric()
+    assert again.rc == 0, again.tail()
+    assert read_json(WORKER, FABRIC_RESULT)["result"]["collective"]["verdict"] == "pass"
 
 
 def test_f20_gid_index_differs_per_node():
