@@ -14,7 +14,7 @@ description:
   - Keeps one reconciled state document per node (default C(/etc/localinference/serving.json))
     with the recipe, its hash and the checksums of the unit files; every unit carries the hash.
   - C(state=verified) proves the node's document and unit files equal what the inventory asks
-    and fails with the difference otherwise (failure F10, a stale reconciled registry): the
+    and fails with the difference otherwise (failure F10, a stale reconciled registry) - the
     recipe and its hash, the image by digest, the environment, the weights digest and every unit
     file's checksum and carried hash, exactly as rendered. The rollout calls it after the update
     and before the start on every node, with the verifier the watchdog's restart uses.
