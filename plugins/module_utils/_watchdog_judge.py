@@ -156,11 +156,11 @@ def busy(look: Mapping[str, Any], previous: Mapping[str, Any] | None) -> float:
                for name, metrics in (look.get("metrics") or {}).items())
 
 
-def wedge_sign(look: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str | None:
-    """Why this look shows a wedged engine (F28), or None."""
+def wedge_sign(look: Mapping[str, Any], previous: Mapping[str, Any] | None, moved: float) -> str | None:
+    """Why this look shows a wedged engine (F28), or None; ``moved`` is :func:`busy` of the look."""
     token, engine = look.get("token") or {}, look.get("engine") or {}
     if (token.get("ok") is False and engine.get("health") == 200 and engine.get("token_ok") is not True
-            and not busy(look, previous)):
+            and not moved):
         return (f"no token within {token.get('deadline_s')} s ({str(token.get('error'))[:160]}) "
                 "while /health answers 200")
     for name, metrics in (look.get("metrics") or {}).items():
@@ -198,7 +198,8 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
             unreachable.append(name)
     token, engine = look.get("token") or {}, look.get("engine") or {}
     ingress = look.get("ingress_unit") or {}
-    wedge = wedge_sign(look, previous)
+    moved = busy(look, previous)
+    wedge = wedge_sign(look, previous, moved)
     no_answer = token.get("ok") is False and engine.get("health") != 200
     next_state = {"previous": look, "restarts": _budget(state, now, cfg),
                   "bad_looks": 0, "first_bad_at": None}
@@ -220,10 +221,10 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
                                          "larger frames are dropped: waiting for it, no restart")
     elif starting and token.get("ok") is not True and engine.get("health") != 200:
         verdict, evidence = "degraded", "the engine is starting (within the boot grace): no verdict yet"
-    elif token.get("ok") is False and engine.get("health") == 200 and busy(look, previous):
+    elif token.get("ok") is False and engine.get("health") == 200 and moved:
         verdict = "degraded"
         evidence = (f"no token within {token.get('deadline_s')} s, but the engine processed "
-                    f"{busy(look, previous):g} tokens since the last look: saturated, not wedged")
+                    f"{moved:g} tokens since the last look: saturated, not wedged")
     elif wedge or no_answer:
         bad = int(state.get("bad_looks", 0)) + 1
         first = state.get("first_bad_at") or now
