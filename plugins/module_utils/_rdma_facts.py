@@ -253,3 +253,26 @@ def read_sysfs_gids(
             "netdev": netdev(read(os.path.join(port_dir, "gid_attrs", "ndevs", index))),
         }
     return entries
+
+
+def sysfs_port_dir(sys_root: str, hca: str, port: int | str) -> str:
+    """``<sys_root>/class/infiniband/<hca>/ports/<port>``: where one port's GID table lives."""
+    return os.path.join(sys_root, "class", "infiniband", hca, "ports", str(port))
+
+
+def live_roce_v2_index(
+    sys_root: str,
+    hca: str,
+    port: int | str,
+    ipv4: str,
+    netdev: str | None,
+    read: Callable[[str], str | None],
+) -> tuple[int | None, dict[str, dict[str, Any]]]:
+    """(the RoCE v2 index of ``ipv4`` in the port's sysfs GID table now, that table).
+
+    The one reader of a live table: the watchdog's probe and the units' start program
+    (``_gid_start``) both call it, so they cannot disagree on what the table says.
+    """
+    entries = read_sysfs_gids(sysfs_port_dir(sys_root, hca, port), read, lambda name: name or None)
+    table = gid_table(entries)
+    return roce_v2_ipv4_index(table, [ipv4], netdev), table

@@ -19,6 +19,9 @@ from functools import partial
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
+from ansible_collections.localinference.vllm.plugins.module_utils._gid_start import (
+    parse_source as parse_gid_source,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
     ValidationError,
 )
@@ -479,6 +482,9 @@ class Node:
     env: dict[str, str] = field(default_factory=dict)
     weights_path: str = ""
     weights_digest: str = ""
+    # The RDMA port whose GID table the units read at every start (``_gid_start``):
+    # ``{hca, port, sys_root}``, empty where the fabric resolved none.
+    rdma: dict[str, Any] = field(default_factory=dict)
 
     @property
     def role(self) -> str:
@@ -519,6 +525,7 @@ def make_node(params: dict[str, Any], name: str = "node") -> Node:
         env=dict(sorted(env.items())),
         weights_path=validate.path(f"{name}.weights_path", params.get("weights_path")),
         weights_digest=_weights_digest(f"{name}.weights_digest", params.get("weights_digest")),
+        rdma=parse_gid_source(f"{name}.rdma", params.get("rdma")),
     )
 
 

@@ -48,6 +48,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils._admission imp
 from ansible_collections.localinference.vllm.plugins.module_utils._admission import (
     rank_need_bytes,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._gid_start import (
+    MOVED_MARKER as GID_MOVED_MARKER,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._gid_start import (
+    REFUSAL_MARKER as GID_MARKER,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._shm_offload_cli import (
     REFUSAL_MARKER as OFFLOAD_MARKER,
 )
@@ -103,6 +109,10 @@ class Guards:
     oom_score_adjust: int | None
     memory_high_bytes: int | None
     memory_max_bytes: int | None
+    # The RoCE GID index resolved at every start (``_gid_start``; the module sets it from
+    # the node's fabric): ExecStartPre of every serving unit, which then reads the index
+    # from ``_gid_start.ENV_FILE`` instead of a value frozen in its Environment=.
+    gid_argv: list[str] | None = None
 
 
 def _name(key: str) -> str:
@@ -367,7 +377,7 @@ def start_refusals(lines: Iterable[str], limit: int = 3) -> list[str]:
     """
     found: list[str] = []
     for line in lines:
-        for marker in (ADMISSION_MARKER, OFFLOAD_MARKER):
+        for marker in (ADMISSION_MARKER, OFFLOAD_MARKER, GID_MARKER, GID_MOVED_MARKER):
             at = line.find(marker)
             if at >= 0:
                 text = line[at:].strip()

@@ -18,7 +18,9 @@ there is one, else the Ray worker), the offload reclaim as ``ExecStartPre=``/``E
 of the unit whose processes hold the engine's workers (the Ray unit under Ray, else the
 server), and on unified memory ``OOMScoreAdjust=`` and ``Slice=`` on every serving unit plus the
 ``localinference.slice`` unit itself. Quadlet copies ``[Service]`` keys into the service it
-generates, so both deploy modes carry the same lines.
+generates, so both deploy modes carry the same lines. Where the node's fabric resolved a RoCE
+GID index, every serving unit starts with ``ExecStartPre=`` gid-start (``_gid_start``) and reads
+``NCCL_IB_GID_INDEX`` from the file it writes (``EnvironmentFile=``), not from ``Environment=``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ import re
 import unicodedata
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils._gid_start import (
+    ENV_FILE as GID_ENV_FILE,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils._gid_start import (
+    VARIABLE as GID_VARIABLE,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
     Node,
     environment,
@@ -58,8 +66,9 @@ _SAFE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
 _LIMITS = "AS CORE CPU DATA FSIZE LOCKS MEMLOCK MSGQUEUE NICE NOFILE NPROC RSS RTPRIO RTTIME"
 LIMIT_KEYS = frozenset(f"Limit{name}" for name in [*_LIMITS.split(), "SIGPENDING", "STACK"])
 _CONTAINER_KEYS = """ContainerName Image Pull Network Label Entrypoint Volume AddDevice Ulimit
-ShmSize PodmanArgs Environment Exec"""
+ShmSize PodmanArgs Environment EnvironmentFile Exec"""
 _SERVICE_KEYS = """ExecStartPre Restart RestartSec TimeoutStartSec TimeoutStopSec Type Environment
+EnvironmentFile
 ExecStart ExecStop ExecStopPost OOMScoreAdjust Slice"""
 SECTION_KEYS: dict[str, frozenset[str]] = {
     "Unit": frozenset({"Description", "Wants", "After", "Requires"}),
@@ -144,6 +153,9 @@ def _guard_lines(guards: Guards | None, *, admission: bool, engine: bool) -> lis
     if guards is None:
         return []
     lines = []
+    if guards.gid_argv:
+        # First: every unit that runs NCCL reads the index this start resolves (_gid_start).
+        lines.append(f"ExecStartPre={_join(guards.gid_argv)}")
     if engine and guards.reclaim_argv:
         lines.append(f"ExecStartPre={_join(guards.reclaim_argv)}")
     if admission and guards.admission_argv:
@@ -216,6 +228,7 @@ def _container(
     env: dict[str, str],
     volumes: list[str],
     stop_seconds: int | None = None,
+    env_file: str | None = None,
 ) -> list[str]:
     lines = [
         "",
@@ -243,6 +256,9 @@ def _container(
         podman_args.insert(0, "--privileged")
     lines += [f"PodmanArgs={systemd_quote(a)}" for a in podman_args]
     lines += _env_lines(env)
+    if env_file:
+        # podman run --env-file: read when ExecStart runs, after the ExecStartPre that wrote it.
+        lines.append(f"EnvironmentFile={env_file}")
     lines.append(f"Exec={_join(argv)}")
     return lines
 
@@ -274,6 +290,15 @@ def render_units(
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{recipe['cache_dir']}/inductor")
         volumes = []
     env = dict(sorted(env.items()))
+    # The GID index is resolved at every start (ExecStartPre gid-start writes GID_ENV_FILE),
+    # never frozen in the unit: Environment= would also win over --env-file in Podman.
+    gid_file = None
+    if guards is not None and guards.gid_argv:
+        env.pop(GID_VARIABLE, None)
+        gid_file = GID_ENV_FILE
+    # systemd loads EnvironmentFile= before every command, ExecStartPre included: "-" lets
+    # the first start's gid-start run before the file exists (it fails the start itself).
+    service_env_file = [f"EnvironmentFile=-{gid_file}"] if gid_file else []
     server = serve_argv(recipe, node, model_path)
     ray = ray_argv(recipe, node)
     units = []
@@ -296,6 +321,7 @@ def render_units(
                 ray,
                 ray_env,
                 [*volumes, f"{RAY_SESSION_DIR}:/tmp/ray"],
+                env_file=gid_file,
             )
             pre = [f"ExecStartPre=/usr/bin/mkdir -p {RAY_SESSION_DIR}", *ray_guards]
             units.append(
@@ -311,6 +337,7 @@ def render_units(
                 "[Service]",
                 "Type=exec",
                 *_env_lines(ray_env, dollar=False),
+                *service_env_file,
                 *_limits(recipe["ulimits"]),
                 f"ExecStart={_join([posixpath.join(bin_dir, 'ray'), *ray])}",
                 f"ExecStop={_join([posixpath.join(bin_dir, 'ray'), 'stop'])}",
@@ -346,6 +373,7 @@ def render_units(
                     env,
                     volumes,
                     HEADLESS_STOP_SECONDS if headless else None,
+                    env_file=gid_file,
                 )
             )
             units.append(
@@ -365,6 +393,7 @@ def render_units(
                     "[Service]",
                     "Type=exec",
                     *_env_lines(env, dollar=False),
+                    *service_env_file,
                     *_limits(recipe["ulimits"]),
                     f"ExecStart={_join([posixpath.join(bin_dir, 'vllm'), *server])}",
                 ]

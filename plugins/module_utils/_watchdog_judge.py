@@ -103,8 +103,10 @@ def node_signs(name: str, node: Mapping[str, Any], expect: Mapping[str, Any],
     if want_gid is not None and gid != want_gid:
         out["findings"].append(finding(
             "F20", "warning",
-            f"{name}: the RoCE v2 GID index is {gid}, fabric.json and NCCL_IB_GID_INDEX say {want_gid}",
-            "re-run the fabric stage (--tags fabric) and restart the engine in a quiet moment",
+            f"{name}: the RoCE v2 GID index is {gid}, fabric.json says {want_gid}",
+            "the serving units take the table's index at each start (gid-start logs the move in "
+            "their journal); an engine started before the move keeps the old one: re-run the "
+            "fabric stage (--tags fabric) and restart the engine in a quiet moment",
             host=name, kind="gid"))
     for event in node.get("kernel") or []:
         out["findings"].append(finding(

@@ -27,9 +27,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts 
     parse_psi,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts import (
-    gid_table,
-    read_sysfs_gids,
-    roce_v2_ipv4_index,
+    live_roce_v2_index,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._restart import (
     start_units,
@@ -200,10 +198,8 @@ def probe(cfg: Mapping[str, Any], runner, cursor: int | None) -> dict[str, Any]:
     out["links"] = [link_state(name, _read) for name in cfg.get("interfaces", [])]
     out["gid_index"] = None
     for port in cfg.get("rdma", []):
-        port_dir = os.path.join(cfg["rdma_sys_root"], "class", "infiniband", port["hca"],
-                                "ports", str(port["port"]))
-        table = gid_table(read_sysfs_gids(port_dir, _read, lambda name: name or None))
-        out["gid_index"] = roce_v2_ipv4_index(table, [port["ipv4"]], port.get("netdev"))
+        out["gid_index"], _ = live_roce_v2_index(cfg["rdma_sys_root"], port["hca"], port["port"],
+                                                 port["ipv4"], port.get("netdev"), _read)
         break
     out["psi_some_avg10"], out["mem_available_bytes"] = None, None
     try:

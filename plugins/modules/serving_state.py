@@ -87,6 +87,17 @@ options:
           - Part of the node's document, so new weights under the same path restart the engine.
         type: str
         default: ''
+      rdma:
+        description:
+          - The RDMA port behind the cluster interface whose GID table the units read at every
+            start (C(hca), C(port), C(sys_root)); empty where the fabric stage resolved no
+            C(NCCL_IB_GID_INDEX).
+          - With O(guards), every serving unit then starts with C(ExecStartPre=) gid-start (from
+            O(checks.programs)), which writes the index this start finds to
+            C(/run/localinference/nccl-gid.env), and reads it from there (C(EnvironmentFile=));
+            a GID table without a RoCE v2 entry for O(node.address) refuses the start.
+        type: dict
+        default: {}
   state:
     description:
       - C(staged) writes the document and units under O(staging_dir) only and reports whether
@@ -390,6 +401,7 @@ memory:
   type: dict
 """
 
+import dataclasses
 import json
 import os
 import stat
@@ -404,6 +416,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils._commands impo
     timeout_error,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._findings import finding
+from ansible_collections.localinference.vllm.plugins.module_utils._gid_start import (
+    start_argv as gid_start_argv,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._ports import (
     foreign,
     listeners,
@@ -591,6 +606,7 @@ NODE_SOURCES = {
     "address": "serve_cluster_address, else the fabric stage's primary_ip",
     "head_address": "the head's serve_cluster_address, else its fabric stage's primary_ip",
     "weights_path": "serve_weights_path, else model_weights_path",
+    "rdma": "the fabric stage's saved interfaces[0].hca and serve_rdma_sys_root",
 }
 
 
@@ -770,6 +786,7 @@ def main():
                     "env": {"type": "dict", "default": {}},
                     "weights_path": {"type": "str", "required": True},
                     "weights_digest": {"type": "str", "default": ""},
+                    "rdma": {"type": "dict", "default": {}},
                 },
             },
             "state": {
@@ -850,6 +867,9 @@ def main():
             guards = memory_guards(
                 recipe, node.host, node.nnodes, policy, weights, _mem_total(module)
             )
+            gid_argv = gid_start_argv(policy.libexec_dir, node.rdma, node.address, node.env)
+            if gid_argv:
+                guards = dataclasses.replace(guards, gid_argv=gid_argv)
             memory = {**guards.need, "weights_found": weights_found}
     except validate.ValidationError as exc:
         module.fail_json(msg=str(exc))
