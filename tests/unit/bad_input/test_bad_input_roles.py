@@ -15,11 +15,13 @@ check mode, so nothing on this machine changes.  The ``bad_input_results`` callb
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
+import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -94,12 +96,24 @@ def _case_vars(base: dict[str, Any], case: dict[str, Any], directory: Path) -> d
     return _fill(result, directory)
 
 
+def _write_tar(target: Path, members: dict[str, Any]) -> None:
+    """A tar of ``members`` (a mapping member is written as JSON): a made-up image archive."""
+    with tarfile.open(target, "w") as tar:
+        for member, content in members.items():
+            data = (content if isinstance(content, str) else json.dumps(content)).encode("utf-8")
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
 def _write_files(case: dict[str, Any], directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for name, content in case.get("files", {}).items():
         target = directory / name.rstrip("/")
         if name.endswith("/"):
             target.mkdir(parents=True, exist_ok=True)
+        elif isinstance(content, dict):
+            _write_tar(target, content)
         else:
             target.write_text(content, encoding="utf-8")
 
