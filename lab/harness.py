@@ -25,6 +25,7 @@ Environment:
 
 from __future__ import annotations
 
+import http.client
 import importlib
 import json
 import os
@@ -32,6 +33,7 @@ import re
 import shlex
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -55,6 +57,28 @@ LAB_DIR = Path(os.environ.get("LOCALINFERENCE_LAB_DIR") or ROOT / ".lab")
 ENDPOINT_FILE = LAB_DIR / "endpoint"
 # The ingress key (the ingress role creates it, mode 0600; inventories/lab).
 API_KEY_FILE = LAB_DIR / "ingress" / "api-key"
+# The ingress speaks TLS beyond the head's loopback: its internal CA's root, fetched by the
+# ingress role (ingress_ca_file), is what the lab's own HTTP calls trust.
+# (and those of the one-host and three-host labs).
+INGRESS_CA_FILE = LAB_DIR / "ingress" / "ca.crt"
+INGRESS_CA_FILES = (
+    INGRESS_CA_FILE, LAB_DIR / "onehost" / "ingress" / "ca.crt", LAB_DIR / "scale-ingress-ca.crt"
+)
+
+
+class _LabHTTPS(urllib.request.HTTPSHandler):
+    """https for every ``urllib.request.urlopen`` of the lab's tests: the system's store and
+    each lab ingress's CA (read at each request: it appears when the ingress stage runs)."""
+
+    def https_open(self, req):
+        context = ssl.create_default_context()
+        for path in INGRESS_CA_FILES:
+            if path.is_file():
+                context.load_verify_locations(cafile=str(path))
+        return self.do_open(http.client.HTTPSConnection, req, context=context)
+
+
+urllib.request.install_opener(urllib.request.build_opener(_LabHTTPS()))
 EXTRA_ARGS = shlex.split(os.environ.get("LOCALINFERENCE_LAB_EXTRA_ARGS", ""))
 
 # The lab inventory (inventories/lab): two hosts, one cluster link.
@@ -70,7 +94,7 @@ MODEL = "localinference/tiny-deepseek"
 MODEL_REVISION = "5eed0c0ffee0000000000000000000000000000a"
 MODEL_SNAPSHOT = "/srv/models/hub/models--localinference--tiny-deepseek/snapshots/" + MODEL_REVISION
 # Caddy on the head (the ingress role), published on the controller's loopback.
-INGRESS_URL = "http://127.0.0.1:18080"
+INGRESS_URL = "https://127.0.0.1:18080"
 DEFAULT_ENDPOINT = f"{INGRESS_URL}/{MODEL}/v1"
 VLLM_UNIT = "localinference-vllm.service"
 # What the stages save on the nodes (issue 9: one saved result per stage).

@@ -8,6 +8,7 @@
   with ``next_key`` a second line, the key a rotation brings in.
 - ``ingress_listening``: listening sockets parsed from ``ss -Hltnp``.
 - ``ingress_exposure``: findings for engine sockets beyond loopback and the cluster address.
+- ``ingress_tls_errors``: what is wrong with the operator's certificate and key (openssl's answers).
 """
 
 from __future__ import annotations
@@ -59,6 +60,17 @@ def ingress_key_valid(key: Any) -> bool:
     return True
 
 
+def ingress_tls_errors(checks: dict[str, Any]) -> list[str]:
+    """``checks``: ``{cert, key, cert_pubkey, key_pubkey, checkend_rc, enddate}``."""
+    if not isinstance(checks, dict):
+        raise AnsibleFilterError("ingress_tls_errors expects a mapping")
+    return _ingress.tls_pair_errors(
+        str(checks.get("cert")), str(checks.get("key")), cert_pubkey=checks.get("cert_pubkey"),
+        key_pubkey=checks.get("key_pubkey"), checkend_rc=checks.get("checkend_rc"),
+        enddate=checks.get("enddate"),
+    )
+
+
 def ingress_listening(text: Any) -> list[dict[str, Any]]:
     return _ingress.parse_listening(text)
 
@@ -105,4 +117,5 @@ class FilterModule:
             "ingress_key_valid": ingress_key_valid,
             "ingress_listening": ingress_listening,
             "ingress_exposure": ingress_exposure,
+            "ingress_tls_errors": ingress_tls_errors,
         }

@@ -35,7 +35,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils._doctor_eviden
     clip,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._findings import text_table
-from ansible_collections.localinference.vllm.plugins.module_utils._ingress import caddy_base
+from ansible_collections.localinference.vllm.plugins.module_utils._ingress import (
+    caddy_base,
+    caddy_ca,
+)
 
 DEFAULT_DEADLINE_S = 20.0
 KEY_PATH = "/etc/localinference/ingress/api-key.env"
@@ -72,7 +75,8 @@ def probe_targets(gathered: Any, key_path: Any = KEY_PATH, host: str = "head") -
     node, _ = check_node(host, {"gathered": gathered})
     targets: list[dict[str, Any]] = []
     ingress = node.saved.get("ingress") or {}
-    base = caddy_base(ingress.get("listen"))
+    base = caddy_base(ingress.get("listen"), ingress.get("tls"))
+    ca_file = caddy_ca(ingress.get("tls"))
     for route in ingress.get("routes") or []:
         if not isinstance(route, dict) or base is None:
             continue
@@ -85,6 +89,7 @@ def probe_targets(gathered: Any, key_path: Any = KEY_PATH, host: str = "head") -
                     "health_url": f"{base}{prefix}/health",
                     "model": model,
                     "auth": True,
+                    "ca_file": ca_file,
                 }
             )
     recipe = (node.serving or {}).get("recipe") or {}

@@ -48,7 +48,11 @@ KEY_MIN, KEY_MAX = 16, 512
 _SEGMENT = re.compile(r"[A-Za-z0-9._~-]+")
 _RESERVED_SEGMENTS = {".", "..", "v1"}
 MAX_NAME = 200
-_PUBLIC_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(?::[0-9]{1,5})?")
+_PUBLIC_URL = re.compile(r"(?P<scheme>https?)://(?P<host>[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+# Where Caddy keeps its internal CA's root certificate: the role's drop-in sets
+# XDG_DATA_HOME, so the path is the same on every head.
+CADDY_DATA_HOME = "/var/lib/caddy/.local/share"
+INTERNAL_CA = f"{CADDY_DATA_HOME}/caddy/pki/authorities/local/root.crt"
 MAX_TIMEOUT = 7 * 24 * 3600
 # What the ingress answers with (OpenAI-style error bodies, so clients show the message).
 _JSON = "application/json"
@@ -162,14 +166,101 @@ def models_from_state(state: Any, where: str = "serving.json") -> list[dict[str,
     return [{"name": n, "upstream": dict(upstream)} for n in names]
 
 
+def _loopback_only(listen: str) -> bool:
+    return listen != "" and _is_loopback(listen)
+
+
+def tls_spec(spec: dict[str, Any], *, listen: str, head: str, port: int) -> dict[str, Any]:
+    """How the ingress speaks TLS: ``{mode, names, cert, key, ca_file, client_ca_file}``.
+
+    Beyond loopback (an empty ``listen_address`` is every address) the port speaks only
+    TLS: Caddy's internal CA (``mode: internal``, its root at :data:`INTERNAL_CA`), or the
+    operator's certificate and key (``tls_cert``/``tls_key``, paths on the head; ``mode:
+    operator``, the clients trust ``tls_ca`` or the certificate itself). A plain HTTP
+    request to it is answered 400 by the TLS server and never reaches a route. On
+    loopback only: plain HTTP (``mode: off``). ``names`` are the certificate's subjects:
+    the public URL's host, loopback, the head's inventory name, the listen address and
+    ``tls_names``.
+    """
+    cert = validate.path("ingress_tls_cert", spec.get("tls_cert"), allow_empty=True)
+    key = validate.path("ingress_tls_key", spec.get("tls_key"), allow_empty=True)
+    if bool(cert) != bool(key):
+        raise ValidationError(
+            "ingress_tls_key" if cert else "ingress_tls_cert",
+            "is empty while " + ("ingress_tls_cert" if cert else "ingress_tls_key") + " is set",
+            "give both the certificate and its key, or neither (Caddy's internal CA)",
+        )
+    extra = spec.get("tls_names") or []
+    if not isinstance(extra, list):
+        raise ValidationError(
+            "ingress_tls_names", f"expected a list, got {validate.shown(extra)}",
+            "list host names or addresses clients use, e.g. [spark-head.lan, 192.168.1.20]",
+        )
+    client_ca = validate.path("ingress_ca_file", spec.get("ca_file"), allow_empty=True)
+    if _loopback_only(listen):
+        return {"mode": "off", "names": [], "cert": "", "key": "", "ca_file": "", "client_ca_file": ""}
+    if not client_ca:
+        raise ValidationError(
+            "ingress_ca_file",
+            f"is empty while Caddy listens beyond loopback ({listen or 'every address'}:{port}), "
+            "where the ingress speaks only TLS",
+            "set ingress_ca_file to a controller path for the CA clients trust, "
+            "or ingress_listen_address: 127.0.0.1",
+        )
+    names = ["127.0.0.1", "localhost", head] + ([listen] if listen and not _wildcard(listen) else [])
+    for index, value in enumerate(extra):
+        name = validate.host(f"ingress_tls_names[{index}]", value)
+        if name not in names:
+            names.append(name)
+    names = list(dict.fromkeys(names))
+    ca_head = spec.get("tls_ca_path") or cert
+    return {
+        "mode": "operator" if cert else "internal",
+        "names": names,
+        "cert": cert,
+        "key": key,
+        "ca_file": validate.path("ingress CA on the head", ca_head) if cert else INTERNAL_CA,
+        "client_ca_file": client_ca,
+    }
+
+
+def tls_pair_errors(
+    cert: str, key: str, *, cert_pubkey: Any, key_pubkey: Any, checkend_rc: Any, enddate: Any
+) -> list[str]:
+    """What is wrong with the operator's certificate and key, from openssl's answers.
+
+    ``cert_pubkey``/``key_pubkey``: ``openssl x509 -noout -pubkey`` and ``openssl pkey -pubout``
+    (None when openssl could not read the file); ``checkend_rc``/``enddate``: ``openssl x509
+    -noout -enddate -checkend 0`` (0: valid now, 1: expired). Messages never quote the key.
+    """
+    errors: list[str] = []
+    if not isinstance(cert_pubkey, str) or "BEGIN PUBLIC KEY" not in cert_pubkey:
+        errors.append(f"ingress_tls_cert: {cert} is not a PEM certificate openssl can read; "
+                      "give the PEM certificate (chain) of the ingress")
+    if not isinstance(key_pubkey, str) or "BEGIN PUBLIC KEY" not in key_pubkey:
+        errors.append(f"ingress_tls_key: {key} is not a PEM private key openssl can read "
+                      "(an encrypted key is not supported); give the unencrypted PEM key")
+    if errors:
+        return errors
+    if cert_pubkey.strip() != key_pubkey.strip():
+        errors.append(f"ingress_tls_key: {key} does not match the certificate {cert} "
+                      "(their public keys differ); give the key the certificate was issued for")
+    if checkend_rc != 0:
+        line = next((x for x in str(enddate or "").splitlines() if x.startswith("notAfter=")), "")
+        when = line.partition("=")[2].strip() or "an unreadable date"
+        errors.append(f"ingress_tls_cert: {cert} expired ({when}); renew it and run --tags ingress again")
+    return errors
+
+
 def config(spec: dict[str, Any]) -> dict[str, Any]:
     """Validate the ingress spec and return the routes, the result and the Caddyfile.
 
     ``spec`` keys: ``models`` (``[{name, upstream: {host, port}}]``), ``listen_address``
     (empty: every address), ``port``, ``public_url`` (what clients use; empty:
-    ``http://<head>:<port>``), ``head`` (the inventory host, named in error bodies),
-    ``unit`` (the server's systemd unit), ``upstream_timeout`` and ``dial_timeout``
-    (seconds), ``key_path`` (the node's key file, reported only).
+    ``https://<head>:<port>``, ``http://`` on loopback only), ``head`` (the inventory host,
+    named in error bodies), ``unit`` (the server's systemd unit), ``upstream_timeout`` and
+    ``dial_timeout`` (seconds), ``key_path`` (the node's key file, reported only), and the
+    TLS keys of :func:`tls_spec`.
     """
     if not isinstance(spec, dict):
         raise ValidationError(
@@ -186,14 +277,29 @@ def config(spec: dict[str, Any]) -> dict[str, Any]:
         "ingress_dial_timeout", spec.get("dial_timeout"), minimum=1, maximum=600
     )
     key_path = validate.path("ingress_key_path", spec.get("key_path"))
-    public = spec.get("public_url") or f"http://{head}:{port}"
+    tls = tls_spec(spec, listen=listen, head=head, port=port)
+    scheme = "http" if tls["mode"] == "off" else "https"
+    public = spec.get("public_url") or f"{scheme}://{head}:{port}"
     public = validate.text("ingress_public_url", public, max_length=300, strip_ok=False).rstrip("/")
-    if not _PUBLIC_URL.fullmatch(public):
+    match = _PUBLIC_URL.fullmatch(public)
+    if match is None:
         raise ValidationError(
             "ingress_public_url",
             f"{public!r} is not a base URL",
-            "use scheme, host and port only, e.g. http://10.0.0.5:8080",
+            f"use scheme, host and port only, e.g. {scheme}://10.0.0.5:{port}",
         )
+    if match.group("scheme") != scheme:
+        raise ValidationError(
+            "ingress_public_url",
+            f"{public!r} is {match.group('scheme')}:// but the ingress speaks "
+            + ("only TLS beyond loopback (plain HTTP there is refused)" if scheme == "https"
+               else "plain HTTP on loopback only"),
+            f"use {scheme}://{public.split('://', 1)[1]}",
+        )
+    if tls["mode"] != "off":
+        public_host = validate.host("ingress_public_url (its host)", match.group("host"))
+        if public_host not in tls["names"]:
+            tls["names"].insert(0, public_host)
     models = spec.get("models")
     if not isinstance(models, list) or not models:
         raise ValidationError(
@@ -233,6 +339,9 @@ def config(spec: dict[str, Any]) -> dict[str, Any]:
     site = f"{'[' + listen + ']' if ':' in listen else listen}:{port}" if listen else f":{port}"
     result = {
         "listen": site,
+        # How clients reach it: the CA they trust (ca_file on the head, client_ca_file on
+        # the controller), empty with mode off.
+        "tls": {k: tls[k] for k in ("mode", "names", "ca_file", "client_ca_file")},
         "public_url": public,
         "health_url": f"{public}/health",
         "key_file": key_path,
@@ -246,7 +355,10 @@ def config(spec: dict[str, Any]) -> dict[str, Any]:
     }
     return {
         "result": result,
-        "caddyfile": caddyfile(routes, site=site, head=head, unit=unit, timeout=timeout, dial=dial),
+        "caddyfile": caddyfile(
+            routes, site=site, head=head, unit=unit, timeout=timeout, dial=dial, tls=tls, port=port,
+            default_sni=match.group("host").strip("[]"),
+        ),
     }
 
 
@@ -264,10 +376,33 @@ def _json_error(message: str, status: int | str, code: str) -> str:
     )
 
 
+def _site(site: str, tls: dict[str, Any] | None, port: int, default_sni: str) -> tuple[list[str], str, list[str]]:
+    """The global options, the site address and its ``tls`` line(s) for ``tls`` (:func:`tls_spec`).
+
+    With TLS the site names every certificate subject on the port (Caddy issues or loads one
+    certificate per name); a client that connects by IP address sends no SNI and gets the
+    public host's certificate (``default_sni``). No redirect server on port 80, no attempt to
+    install the internal root in the head's own trust store.
+    """
+    if not tls or tls["mode"] == "off":
+        return [], site, []
+    options = ["\tauto_https disable_redirects", "\tskip_install_trust", f"\tdefault_sni {default_sni}"]
+    address = ", ".join(f"https://{'[' + n + ']' if ':' in n else n}:{port}" for n in tls["names"])
+    if tls["mode"] == "internal":
+        lines = ["\t# Caddy's internal CA: clients trust its root (NODE_EXTRA_CA_CERTS, ingress_ca_file).",
+                 "\ttls internal"]
+    else:
+        lines = ["\t# The operator's certificate and key (ingress_tls_cert, ingress_tls_key).",
+                 f"\ttls {tls['cert']} {tls['key']}"]
+    return options, address, lines
+
+
 def caddyfile(
-    routes: list[dict[str, Any]], *, site: str, head: str, unit: str, timeout: int, dial: int
+    routes: list[dict[str, Any]], *, site: str, head: str, unit: str, timeout: int, dial: int,
+    tls: dict[str, Any] | None = None, port: int = 0, default_sni: str = "",
 ) -> str:
     """The whole Caddyfile; ``routes`` come from :func:`config` (validated, longest first)."""
+    options, address, tls_lines = _site(site, tls, port, default_sni)
     journal = f"journalctl -u {unit} -n 200 --no-pager"
     # {$NAME} is replaced when the Caddyfile is adapted (start and reload), not at
     # run time like {env.NAME}: a reload then takes a new key. An unset key is
@@ -283,9 +418,11 @@ def caddyfile(
         f"# ({KEY_ENV}) when it loads this file; systemd reads the 0600 key file.",
         "{",
         "\tadmin localhost:2019",
+        *options,
         "}",
         "",
-        f"{site} {{",
+        f"{address} {{",
+        *tls_lines,
         "\troute {",
         "\t\t# Caddy's own liveness, without the key.",
         "\t\t@health path /health",
@@ -524,13 +661,25 @@ def key_from_env_file(text: str, path: str) -> str:
         raise ValueError(f"{exc} (run --tags ingress to write it again)") from None
 
 
-def caddy_base(listen: Any) -> str | None:
-    """``http://HOST:PORT`` at which the head reaches its own Caddy (``listen`` of ingress.json)."""
+def caddy_base(listen: Any, tls: Any = None) -> str | None:
+    """``http(s)://HOST:PORT`` at which the head reaches its own Caddy (``listen`` and ``tls`` of
+    ingress.json): ``https://127.0.0.1:PORT`` when the ingress speaks TLS (its certificate names
+    loopback; :func:`caddy_ca` is the CA to trust)."""
     if not isinstance(listen, str) or ":" not in listen:
         return None
     host, _, port = listen.rpartition(":")
     if not port.isdigit() or not 0 < int(port) < 65536:
         return None
+    if caddy_ca(tls):
+        return f"https://127.0.0.1:{port}"
     host = host.strip("[]") or "127.0.0.1"
     host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def caddy_ca(tls: Any) -> str | None:
+    """The CA file on the head that the ingress's certificate chains to (None: plain HTTP)."""
+    if not isinstance(tls, dict) or tls.get("mode") in (None, "off"):
+        return None
+    path = tls.get("ca_file")
+    return path if isinstance(path, str) and path.startswith("/") and "\n" not in path else None

@@ -130,6 +130,7 @@ class Client:
         api_key: str | None = None,
         timeout: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
+        ca_file: str | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(base_url.rstrip("/"))
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -144,6 +145,8 @@ class Client:
         self._api_key = api_key or None
         self.timeout = float(timeout)
         self._clock = clock
+        # https: the CA the ingress's certificate chains to (its internal CA), else the system's.
+        self._ca_file = ca_file or None
 
     def url(self, path: str) -> str:
         if "://" in path:
@@ -169,7 +172,7 @@ class Client:
         port = parsed.port
         if parsed.scheme == "https":
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                parsed.hostname, port, timeout=left, context=ssl.create_default_context()
+                parsed.hostname, port, timeout=left, context=ssl.create_default_context(cafile=self._ca_file)
             )
         else:
             conn = http.client.HTTPConnection(parsed.hostname, port, timeout=left)

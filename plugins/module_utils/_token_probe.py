@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.client
 import json
 import queue
+import ssl
 import threading
 import time
 from typing import Any
@@ -31,23 +32,29 @@ def chat_body(model: str, max_tokens: int = 1) -> bytes:
     }).encode("utf-8")
 
 
-def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
-    """A connection to ``url``'s host (http or https) and the request target (path and query)."""
+def _connection(url: str, timeout: float, ca_file: str | None = None) -> tuple[http.client.HTTPConnection, str]:
+    """A connection to ``url``'s host (http or https) and the request target (path and query).
+
+    https verifies the server against ``ca_file`` (the ingress's CA) when given, else the
+    system's trust store."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{url[:80]!r} is not an http(s) URL")
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return kind(parts.hostname, parts.port, timeout=timeout), target
+    if parts.scheme == "https":
+        context = ssl.create_default_context(cafile=ca_file or None)
+        return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout, context=context), target
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), target
 
 
-def _stream(url: str, body: bytes, key: str | None, timeout: float, events: queue.Queue) -> None:
+def _stream(url: str, body: bytes, key: str | None, timeout: float, events: queue.Queue,
+            ca_file: str | None = None) -> None:
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
     reader = SseReader()
     try:
-        conn, target = _connection(url, timeout)
+        conn, target = _connection(url, timeout, ca_file)
         try:
             conn.request("POST", target, body=body, headers=headers)
             response = conn.getresponse()
@@ -70,13 +77,14 @@ def _stream(url: str, body: bytes, key: str | None, timeout: float, events: queu
         events.put(("error", f"{type(exc).__name__}: {exc}"[:200]))
 
 
-def first_token(base_url: str, model: str, key: str | None, deadline_s: float) -> dict[str, Any]:
+def first_token(base_url: str, model: str, key: str | None, deadline_s: float,
+                ca_file: str | None = None) -> dict[str, Any]:
     """``{ok, ttft_s, error, timeout, deadline_s}`` for one streamed chat completion."""
     events: queue.Queue = queue.Queue()
     started = time.monotonic()
     url = base_url.rstrip("/") + "/chat/completions"
     # The socket outlives the wait by a second: the wait, not the socket, says "no token in time".
-    thread = threading.Thread(target=_stream, args=(url, chat_body(model), key, deadline_s + 1.0, events),
+    thread = threading.Thread(target=_stream, args=(url, chat_body(model), key, deadline_s + 1.0, events, ca_file),
                               daemon=True)
     thread.start()
     try:
@@ -94,13 +102,13 @@ def first_token(base_url: str, model: str, key: str | None, deadline_s: float) -
             "refused": kind == "refused", "error": value}
 
 
-def get(url: str, timeout: float) -> tuple[int | None, bytes]:
+def get(url: str, timeout: float, ca_file: str | None = None) -> tuple[int | None, bytes]:
     """GET with a deadline: (status or None when nothing answered, at most 4 MiB of body)."""
     events: queue.Queue = queue.Queue()
 
     def fetch() -> None:
         try:
-            conn, target = _connection(url, timeout)
+            conn, target = _connection(url, timeout, ca_file)
             try:
                 conn.request("GET", target)
                 response = conn.getresponse()

@@ -15,7 +15,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
-from ansible_collections.localinference.vllm.plugins.module_utils._ingress import caddy_base
+from ansible_collections.localinference.vllm.plugins.module_utils._ingress import (
+    caddy_base,
+    caddy_ca,
+)
 
 SCHEMA = 1
 # (key, low, high, integer): every number the program uses, with its bounds.
@@ -82,6 +85,8 @@ def check(cfg: Any) -> dict[str, Any]:
             "model": validate.text("watchdog_model", ingress.get("model")),
             "key_file": _path("watchdog_key_file", ingress.get("key_file")),
             "unit": validate.unit_name("watchdog_ingress_unit", ingress.get("unit")),
+            # The ingress's CA on the head (its https certificate chains to it); null: plain HTTP.
+            "ca_file": _path("ingress.json tls.ca_file", ingress["ca_file"]) if ingress.get("ca_file") else None,
         }
         out["engine"] = {"base_url": _url("watchdog_engine_url", (cfg.get("engine") or {}).get("base_url"))}
         out["nodes"] = _nodes(cfg.get("nodes"))
@@ -205,7 +210,7 @@ def _head_url(ingress: Mapping[str, Any], model: str | None) -> tuple[str, str, 
     if not isinstance(routes, list) or not routes:
         raise ConfigError("ingress.json has no route: run the ingress stage first (--tags ingress)")
     route = next((r for r in routes if r.get("model") == model), routes[0])
-    base = caddy_base(ingress.get("listen"))
+    base = caddy_base(ingress.get("listen"), ingress.get("tls"))
     if base is None:
         raise ConfigError(f"ingress.json: listen {str(ingress.get('listen'))[:60]!r} is not HOST:PORT: "
                           "run the ingress stage again (--tags ingress)")
@@ -267,7 +272,8 @@ def build(opts: Mapping[str, Any], nodes: list[Mapping[str, Any]], ingress: Mapp
         "schema": SCHEMA,
         **{key: opts[key] for key, *_ in NUMBERS},
         "recover": opts["recover"],
-        "ingress": {"base_url": base_url, "model": model, "key_file": opts["key_file"], "unit": opts["ingress_unit"]},
+        "ingress": {"base_url": base_url, "model": model, "key_file": opts["key_file"], "unit": opts["ingress_unit"],
+                    "ca_file": caddy_ca(ingress.get("tls"))},
         "engine": {"base_url": engine},
         "nodes": out_nodes,
         "incidents": {"path": opts["incidents_path"], "max_bytes": opts["incidents_max_bytes"],

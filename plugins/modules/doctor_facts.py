@@ -94,6 +94,11 @@ options:
         description: Send the key of O(key_path) (the ingress); C(false) for the engine.
         type: bool
         default: false
+      ca_file:
+        description:
+          - The CA file on the node an C(https) target's certificate chains to (the ingress's, from
+            its saved result); empty or null with plain HTTP.
+        type: str
   key_path:
     description:
       - The ingress's key file on the node (one C(LOCALINFERENCE_INGRESS_API_KEY=<key>) line),
@@ -336,9 +341,9 @@ def _read_key(module: AnsibleModule, path: str) -> str:
 
 def _probe(target: dict[str, Any], key: str | None, deadline: float) -> dict[str, Any]:
     """/health once, then one streamed token, each with its deadline."""
-    status, body = get(target["health_url"], min(HEALTH_TIMEOUT, deadline))
+    status, body = get(target["health_url"], min(HEALTH_TIMEOUT, deadline), target.get("ca_file"))
     started = time.monotonic()
-    answer = first_token(target["base_url"], target["model"], key, deadline)
+    answer = first_token(target["base_url"], target["model"], key, deadline, target.get("ca_file"))
     waited = time.monotonic() - started
     # The stream's socket times out after the same deadline as the wait for it, so a silent
     # stream may come back as the socket's "timed out" error instead of the wait's timeout:
@@ -421,6 +426,7 @@ def main() -> None:
                     "health_url": {"type": "str", "required": True},
                     "model": {"type": "str", "required": True},
                     "auth": {"type": "bool", "default": False},
+                    "ca_file": {"type": "str"},
                 },
             },
             "key_path": {"type": "path", "default": "/etc/localinference/ingress/api-key.env"},
@@ -460,6 +466,8 @@ def main() -> None:
         for index, target in enumerate(params["token_probes"]):
             for key in ("base_url", "health_url"):
                 _checked_url(f"token_probes[{index}].{key}", target[key])
+            if target.get("ca_file"):
+                _checked_path(f"token_probes[{index}].ca_file", target["ca_file"])
     except ValidationError as exc:
         module.fail_json(msg=str(exc))
     runner = Runner(params["timeout"])

@@ -48,6 +48,9 @@ options:
   api_key:
     description: The bearer key the ingress requires.
     type: str
+  ca_path:
+    description: The CA file an C(https) endpoint's certificate chains to (the ingress's C(ingress_ca_file)).
+    type: path
   model:
     description: The served model name; default the first model C(/models) lists.
     type: str
@@ -186,6 +189,7 @@ def main() -> None:
             "check": {"type": "str", "required": True, "choices": list(CHECKS)},
             "base_url": {"type": "str", "required": True},
             "api_key": {"type": "str", "no_log": True},
+            "ca_path": {"type": "path"},
             "model": {"type": "str"},
             "max_model_len": {"type": "int"},
             "timeout": {"type": "float", "default": 300},
@@ -202,7 +206,7 @@ def main() -> None:
     if p["max_model_len"] is not None and p["max_model_len"] < 1:
         module.fail_json(msg=f"max_model_len must be positive, got {p['max_model_len']}")
     try:
-        client = Client(p["base_url"], p["api_key"], p["timeout"])
+        client = Client(p["base_url"], p["api_key"], p["timeout"], ca_file=p["ca_path"])
         model = p["model"] or served_model(client)
     except HttpError as err:
         module.fail_json(msg=f"qualify_check {p['check']}: {err}")

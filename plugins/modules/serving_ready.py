@@ -50,6 +50,11 @@ options:
   api_key:
     description: Bearer token, when the server requires one.
     type: str
+  ca_path:
+    description:
+      - The CA file an C(https) server's certificate chains to (the ingress's internal CA or the
+        operator's), instead of the system's trust store.
+    type: path
 author:
   - localinference.vllm developers (@localinference)
 """
@@ -133,6 +138,7 @@ def _probe(
     deadline: float,
     events: queue.Queue,
     stop: threading.Event,
+    ca_path: str | None = None,
 ) -> None:
     """Poll /health, then stream one completion; report each step on ``events``.
 
@@ -146,7 +152,7 @@ def _probe(
     try:
         while not stop.is_set():
             try:
-                with open_url(f"{base}/health", timeout=min(5.0, remaining())) as response:
+                with open_url(f"{base}/health", timeout=min(5.0, remaining()), ca_path=ca_path) as response:
                     if response.status == 200:
                         events.put(("health", time.monotonic()))
                         break
@@ -163,6 +169,7 @@ def _probe(
             headers=_headers(api_key),
             method="POST",
             timeout=remaining(),
+            ca_path=ca_path,
         ) as response:
             events.put(("sent", (sent, reader)))
             while not stop.is_set():
@@ -219,6 +226,7 @@ def main() -> None:
             "timeout": {"type": "int", "default": 600},
             "prompt": {"type": "str", "default": "Say OK."},
             "api_key": {"type": "str", "no_log": True},
+            "ca_path": {"type": "path"},
         },
         supports_check_mode=True,
     )
@@ -279,7 +287,7 @@ def main() -> None:
     stop = threading.Event()
     worker = threading.Thread(
         target=_probe,
-        args=(base, body, params["api_key"], deadline, events, stop),
+        args=(base, body, params["api_key"], deadline, events, stop, params["ca_path"]),
         name="serving_ready-probe",
         daemon=True,
     )

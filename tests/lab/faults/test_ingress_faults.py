@@ -33,6 +33,7 @@ from lab.harness import (
     API_KEY_FILE,
     HEAD,
     HOSTS,
+    INGRESS_CA_FILE,
     LAB_DIR,
     MODEL,
     VLLM_UNIT,
@@ -237,7 +238,10 @@ def test_a_key_rotation_keeps_a_stream_in_flight_and_refuses_the_old_key():
 
     assert keyed_status(old) == 401
     assert keyed_status(new) == 200 and streams_a_token(timeout=60)
-    assert CLIENT_ENV_FILE.read_text() == f"LOCALINFERENCE_API_KEY={new}\n"
+    # The key, and the ingress's CA for opencode (TLS beyond the head's loopback).
+    assert CLIENT_ENV_FILE.read_text() == (
+        f"LOCALINFERENCE_API_KEY={new}\nNODE_EXTRA_CA_CERTS={INGRESS_CA_FILE}\n"
+    )
     for path in (API_KEY_FILE, CLIENT_ENV_FILE):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     head_file = exec_on(HEAD, "stat", "-c", "%a %U", HEAD_KEY_FILE).stdout.split()

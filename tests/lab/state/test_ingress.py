@@ -11,7 +11,10 @@ intend (which address, and why).
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import ssl
 import stat
 import urllib.error
 import urllib.request
@@ -24,6 +27,7 @@ from lab.harness import (
     CLUSTER_ADDRESSES,
     HEAD,
     HOSTS,
+    INGRESS_CA_FILE,
     INGRESS_URL,
     LAB_DIR,
     MODEL,
@@ -222,3 +226,49 @@ def test_on_the_controller_the_key_is_only_in_its_two_secret_files():
     for secret in secrets:
         if secret.exists():
             assert stat.S_IMODE(secret.stat().st_mode) == 0o600, f"{secret} is not 0600"
+
+
+# --- TLS beyond loopback (issue 27) ---------------------------------------------------------
+
+PUBLISHED = ("127.0.0.1", 18080)
+
+
+def test_the_ingress_speaks_tls_from_its_internal_ca_and_the_controller_holds_the_ca():
+    saved = read_json(HEAD, INGRESS_RESULT)
+    assert saved["tls"]["mode"] == "internal", saved["tls"]
+    assert saved["public_url"].startswith("https://") and endpoint().startswith("https://")
+    head_ca = exec_on(HEAD, "cat", saved["tls"]["ca_file"]).stdout
+    assert INGRESS_CA_FILE.read_text() == head_ca, "the controller's CA copy is not the head's root"
+    # The certificate the controller gets names the address it asked for and chains to that root.
+    context = ssl.create_default_context(cafile=str(INGRESS_CA_FILE))
+    with (
+        socket.create_connection(PUBLISHED, timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        cert = tls.getpeercert()
+        assert ("IP Address", "127.0.0.1") in cert["subjectAltName"], cert
+        assert tls.version() in ("TLSv1.2", "TLSv1.3")
+
+
+def test_without_the_ca_the_certificate_is_not_trusted():
+    context = ssl.create_default_context()  # the system's store only
+    with (
+        pytest.raises(ssl.SSLCertVerificationError),
+        socket.create_connection(PUBLISHED, timeout=10) as raw,
+    ):
+        context.wrap_socket(raw, server_hostname="127.0.0.1").close()
+
+
+def test_plain_http_beyond_loopback_is_refused_and_never_reaches_a_route():
+    conn = http.client.HTTPConnection(*PUBLISHED, timeout=10)
+    try:
+        conn.request("GET", f"/{MODEL}/v1/models", headers={"Authorization": f"Bearer {api_key()}"})
+        response = conn.getresponse()
+        body = response.read().decode("utf-8", "replace")
+    finally:
+        conn.close()
+    assert response.status == 400, (response.status, body[:200])
+    assert '"data"' not in body and MODEL not in body
+    # Nor does Caddy run a redirect server on port 80 (auto_https disable_redirects).
+    listening = module_utils("_ingress").parse_listening(exec_on(HEAD, "ss", "-Hltnp").stdout)
+    assert not [s for s in listening if s["port"] == 80], listening

@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +29,13 @@ BASE: dict[str, Any] = {
     "models": [{"name": MODEL, "upstream": {"host": "0.0.0.0", "port": 8000}}],
     "listen_address": "",
     "port": 8080,
-    "public_url": "http://127.0.0.1:18080",
+    "public_url": "https://127.0.0.1:18080",
     "head": "spark-head",
     "unit": "localinference-vllm.service",
     "upstream_timeout": 3600,
     "dial_timeout": 10,
     "key_path": "/etc/localinference/ingress/api-key.env",
+    "ca_file": "/home/op/.config/localinference/ingress-ca.crt",
 }
 
 
@@ -44,10 +47,10 @@ def test_routes_a_served_name_with_a_slash_by_path():
     result = _ingress.config(spec())["result"]
     (route,) = result["routes"]
     assert route["prefix"] == "/localinference/tiny-deepseek"
-    assert route["base_url"] == "http://127.0.0.1:18080/localinference/tiny-deepseek/v1"
+    assert route["base_url"] == "https://127.0.0.1:18080/localinference/tiny-deepseek/v1"
     assert route["upstream"] == "127.0.0.1:8000"  # 0.0.0.0 is reached on loopback
     assert result["endpoint"] == route["base_url"]
-    assert result["health_url"] == "http://127.0.0.1:18080/health"
+    assert result["health_url"] == "https://127.0.0.1:18080/health"
     assert result["key_file"] == BASE["key_path"]
 
 
@@ -186,3 +189,139 @@ def test_a_bad_served_name_in_the_state_is_refused_at_config():
     models = FILTERS["ingress_models_from_state"](state)
     with pytest.raises(AnsibleFilterError, match=r"ingress_models\[0\]\.name"):
         FILTERS["ingress_config"](spec(models=models))
+
+
+# --- TLS (issue 27 item 4) ----------------------------------------------------------------
+
+
+def test_beyond_loopback_the_port_speaks_only_tls_from_the_internal_ca():
+    built = _ingress.config(spec())
+    text, tls = built["caddyfile"], built["result"]["tls"]
+    assert tls["mode"] == "internal" and tls["ca_file"] == _ingress.INTERNAL_CA
+    assert tls["client_ca_file"] == BASE["ca_file"]
+    assert "\ttls internal\n" in text
+    # No redirect server on :80, no write to the head's trust store, and a client that
+    # connects by IP (no SNI) gets the public host's certificate.
+    for option in ("auto_https disable_redirects", "skip_install_trust", "default_sni 127.0.0.1"):
+        assert f"\t{option}\n" in text
+    site = next(line for line in text.splitlines() if line.endswith(" {") and "https://" in line)
+    assert site == "https://127.0.0.1:8080, https://localhost:8080, https://spark-head:8080 {"
+
+
+def test_a_public_name_and_extra_names_are_certificate_subjects():
+    built = _ingress.config(spec(public_url="https://spark.lan:8080", tls_names=["192.168.1.20"]))
+    names = built["result"]["tls"]["names"]
+    assert names == ["spark.lan", "127.0.0.1", "localhost", "spark-head", "192.168.1.20"]
+    assert "default_sni spark.lan" in built["caddyfile"]
+
+
+def test_on_loopback_only_the_ingress_stays_plain_http():
+    built = _ingress.config(spec(listen_address="127.0.0.1", public_url="", ca_file=""))
+    assert built["result"]["tls"]["mode"] == "off"
+    assert built["result"]["public_url"] == "http://spark-head:8080"
+    assert "tls " not in built["caddyfile"] and "auto_https" not in built["caddyfile"]
+    assert "\n127.0.0.1:8080 {\n" in built["caddyfile"]
+
+
+def test_the_operators_certificate_is_served_and_its_ca_trusted():
+    built = _ingress.config(spec(
+        tls_cert="/etc/caddy/localinference-tls/cert.pem", tls_key="/etc/caddy/localinference-tls/key.pem",
+        tls_ca_path="/etc/caddy/localinference-tls/ca.pem",
+    ))
+    assert built["result"]["tls"]["mode"] == "operator"
+    assert built["result"]["tls"]["ca_file"] == "/etc/caddy/localinference-tls/ca.pem"
+    assert "\ttls /etc/caddy/localinference-tls/cert.pem /etc/caddy/localinference-tls/key.pem\n" in built["caddyfile"]
+    assert "tls internal" not in built["caddyfile"]
+
+
+@pytest.mark.parametrize("patch, name, says", [
+    ({"public_url": "http://127.0.0.1:18080"}, "ingress_public_url", "plain HTTP there is refused"),
+    ({"listen_address": "127.0.0.1", "public_url": "https://127.0.0.1:8080"}, "ingress_public_url",
+     "plain HTTP on loopback only"),
+    ({"ca_file": ""}, "ingress_ca_file", "speaks only TLS"),
+    ({"tls_cert": "/etc/c.pem"}, "ingress_tls_key", "give both"),
+    ({"tls_key": "/etc/k.pem"}, "ingress_tls_cert", "give both"),
+    ({"tls_cert": "/etc/c .pem", "tls_key": "/etc/k.pem"}, "ingress_tls_cert", "' '"),
+    ({"tls_names": ["ok.lan", "bad\n}"]}, "ingress_tls_names[1]", "line break"),
+    ({"tls_names": ["a/b"]}, "ingress_tls_names[0]", "neither an IP address"),
+    ({"tls_names": "spark.lan"}, "ingress_tls_names", "expected a list"),
+    ({"ca_file": "relative/ca.crt"}, "ingress_ca_file", "absolute"),
+], ids=["http beyond loopback", "https on loopback", "no CA copy", "cert without key",
+        "key without cert", "space in cert path", "newline in a name", "slash in a name", "names not a list", "relative CA"])
+def test_bad_tls_inputs_are_refused_naming_the_variable(patch, name, says):
+    with pytest.raises(ValidationError) as err:
+        _ingress.config(spec(**patch))
+    assert err.value.name == name, str(err.value)
+    assert says in str(err.value)
+
+
+def test_the_head_reaches_its_own_caddy_over_tls_on_loopback():
+    tls = {"mode": "internal", "ca_file": _ingress.INTERNAL_CA}
+    assert _ingress.caddy_base(":8080", tls) == "https://127.0.0.1:8080"
+    assert _ingress.caddy_ca(tls) == _ingress.INTERNAL_CA
+    assert _ingress.caddy_base(":8080", {"mode": "off"}) == "http://127.0.0.1:8080"
+    assert _ingress.caddy_ca({"mode": "off"}) is None and _ingress.caddy_ca(None) is None
+    assert _ingress.caddy_ca({"mode": "internal", "ca_file": "relative"}) is None
+
+
+def _openssl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def _pair(tmp: Path, name: str, days: int) -> tuple[Path, Path]:
+    cert, key = tmp / f"{name}.crt", tmp / f"{name}.key"
+    done = _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-subj", f"/CN={name}", "-days", str(days),
+                    "-keyout", str(key), "-out", str(cert), cwd=tmp)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return cert, key
+
+
+def _expired_pair(tmp: Path) -> tuple[Path, Path]:
+    """A self-signed certificate that ended on 2020-01-01 (openssl 3.0's req cannot make one)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old")])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(datetime.datetime(2019, 1, 1))
+            .not_valid_after(datetime.datetime(2020, 1, 1)).sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp / "old.crt", tmp / "old.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def _checks(cert: Path, key: Path, tmp: Path) -> dict[str, Any]:
+    """What the role's three openssl commands answer, run here for real."""
+    cert_pub = _openssl("x509", "-in", str(cert), "-noout", "-pubkey", cwd=tmp)
+    key_pub = _openssl("pkey", "-in", str(key), "-pubout", "-passin", "pass:", cwd=tmp)
+    end = _openssl("x509", "-in", str(cert), "-noout", "-enddate", "-checkend", "0", cwd=tmp)
+    return {"cert": str(cert), "key": str(key),
+            "cert_pubkey": cert_pub.stdout if cert_pub.returncode == 0 else None,
+            "key_pubkey": key_pub.stdout if key_pub.returncode == 0 else None,
+            "checkend_rc": end.returncode, "enddate": end.stdout}
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+def test_the_operators_pair_is_checked_with_real_openssl(tmp_path):
+    cert, key = _pair(tmp_path, "spark", 30)
+    _, other_key = _pair(tmp_path, "other", 30)
+    assert FILTERS["ingress_tls_errors"](_checks(cert, key, tmp_path)) == []
+    mismatch = FILTERS["ingress_tls_errors"](_checks(cert, other_key, tmp_path))
+    assert len(mismatch) == 1 and mismatch[0].startswith("ingress_tls_key: ") and "does not match" in mismatch[0]
+    old_cert, old_key = _expired_pair(tmp_path)
+    assert FILTERS["ingress_tls_errors"](_checks(old_cert, old_key, tmp_path)) == [
+        f"ingress_tls_cert: {old_cert} expired (Jan  1 00:00:00 2020 GMT); renew it and run --tags ingress again"]
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    unread = FILTERS["ingress_tls_errors"](_checks(garbage, garbage, tmp_path))
+    assert [e.split(":", 1)[0] for e in unread] == ["ingress_tls_cert", "ingress_tls_key"]
+    key_text = key.read_text()
+    assert all(key_text.strip() not in e for e in mismatch + unread)
