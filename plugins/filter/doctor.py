@@ -5,6 +5,7 @@
 - ``doctor_findings``: the gathered evidence (see ``_doctor.judge``) judged:
   ``{healthy, verdict, findings, checked}``; never raises on malformed evidence.
 - ``doctor_probe_urls``: the ingress health URLs the head's saved ingress result lists.
+- ``doctor_probe_ca``: the controller's copy of the CA those https URLs chain to ('' for none).
 - ``doctor_token_targets``: where the head streams its token (through the ingress with the
   key, then at the engine), from what ``doctor_facts`` read on the head, and the key file.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils._doctor import (
     judge,
+    probe_ca,
     probe_urls,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._doctor_serving import (
@@ -31,6 +33,10 @@ def doctor_probe_urls(evidence: Any) -> list[str]:
     return probe_urls(evidence)
 
 
+def doctor_probe_ca(evidence: Any) -> str:
+    return probe_ca(evidence)
+
+
 def doctor_token_targets(gathered: Any, key_path: Any = KEY_PATH) -> dict[str, Any]:
     return probe_targets(gathered, key_path or KEY_PATH)
 
@@ -40,5 +46,6 @@ class FilterModule:
         return {
             "doctor_findings": doctor_findings,
             "doctor_probe_urls": doctor_probe_urls,
+            "doctor_probe_ca": doctor_probe_ca,
             "doctor_token_targets": doctor_token_targets,
         }

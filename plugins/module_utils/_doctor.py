@@ -611,3 +611,10 @@ def probe_urls(evidence: Any) -> list[str]:
     ingress = d.saved("ingress") or {}
     urls = [r.get("health_url") for r in ingress.get("routes") or [] if isinstance(r, dict)]
     return [u for u in urls if isinstance(u, str) and u.startswith(("http://", "https://"))]
+
+
+def probe_ca(evidence: Any) -> str:
+    """The controller's copy of the CA the ingress's https certificate chains to ('' for none)."""
+    tls = (Doctor(evidence).saved("ingress") or {}).get("tls")
+    path = tls.get("client_ca_file") if isinstance(tls, dict) and tls.get("mode") not in (None, "off") else None
+    return path if isinstance(path, str) and path.startswith("/") and path.isprintable() else ""

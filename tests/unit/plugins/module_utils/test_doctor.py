@@ -23,6 +23,7 @@ import pytest
 import yaml
 from ansible_collections.localinference.vllm.plugins.filter.doctor import (
     doctor_findings,
+    doctor_probe_ca,
     doctor_probe_urls,
     doctor_token_targets,
 )
@@ -365,6 +366,25 @@ def test_the_head_reaches_its_own_caddy_at_its_listen_address(listen, base):
 
 def test_probe_urls_come_from_the_heads_saved_ingress_result():
     assert doctor_probe_urls(build({"name": "x"})) == [PROBES["healthy"]["url"]]
+
+
+TLS = {"mode": "internal", "ca_file": "/var/lib/caddy/.local/share/caddy/pki/authorities/local/root.crt",
+       "client_ca_file": "/home/op/.lab/ingress/ca.crt"}
+
+
+def test_over_tls_the_doctor_trusts_the_ingress_ca_on_each_side():
+    """Issue 27: the controller's probes trust the controller's copy, the head's stream the head's."""
+    evidence = build({"name": "tls", "result": {"result": {"tls": TLS}},
+                      "saved": {"spark-head": {"ingress": {"result": {"tls": TLS}}}}})
+    assert doctor_probe_ca(evidence) == TLS["client_ca_file"]
+    assert doctor_probe_ca(build({"name": "plain"})) == ""  # a result from before TLS: plain HTTP
+    assert doctor_probe_ca("garbage") == ""
+    head = copy.deepcopy(snapshot("lab-healthy-serving")["spark-head"])
+    _edit_json(head["files"]["ingress"], {"result": {"tls": TLS}})
+    ingress, engine = doctor_token_targets(head)["targets"]
+    assert ingress["base_url"] == "https://127.0.0.1:8080/localinference/tiny-deepseek/v1"
+    assert ingress["ca_file"] == TLS["ca_file"]
+    assert engine["base_url"] == "http://127.0.0.1:8000/v1" and "ca_file" not in engine
 
 
 def test_parse_show_reads_the_recorded_systemctl_output():

@@ -182,6 +182,20 @@ def test_build_the_lab_config() -> None:
     assert node["rdma"] == [{"hca": "rocep1s0f0", "port": 1, "ipv4": "10.89.1.3", "netdev": "eth1"}]
 
 
+def test_over_tls_the_probe_goes_to_https_loopback_with_the_heads_ca() -> None:
+    """Issue 27: the ingress speaks TLS beyond loopback; its certificate names 127.0.0.1."""
+    ca = "/var/lib/caddy/.local/share/caddy/pki/authorities/local/root.crt"
+    cfg = build(OPTS, NODES, {**INGRESS, "tls": {"mode": "internal", "ca_file": ca}})
+    assert cfg["ingress"]["base_url"] == "https://127.0.0.1:8080/org/m/v1"
+    assert cfg["ingress"]["ca_file"] == ca
+    assert check(json.loads(json.dumps(cfg)))["ingress"]["ca_file"] == ca
+    assert build(OPTS, NODES, INGRESS)["ingress"]["ca_file"] is None
+    bad = json.loads(json.dumps(cfg))
+    bad["ingress"]["ca_file"] = "../root.crt"
+    with pytest.raises(ConfigError, match="ca_file"):
+        check(bad)
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"interval_s": 0}, "watchdog_interval_s: 0 is out of range"),
     ({"interval_s": "30s"}, "watchdog_interval_s: '30s' is not a number"),
