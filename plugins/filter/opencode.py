@@ -59,10 +59,13 @@ def opencode_turn_verdict(
 ) -> dict[str, Any]:
     """The verdict of a registered ``command`` result of the turn's run."""
     result = result if isinstance(result, dict) else {}
+    # A command that could not start has no stderr, only Ansible's msg; "non-zero return code"
+    # beside an empty stderr is not the client's word.
+    stderr = result.get("stderr")
     return turn_verdict(
         result.get("rc"),
         result.get("stdout", ""),
-        result.get("stderr", "") or result.get("msg", ""),
+        result.get("msg", "") if stderr is None else stderr,
         timeout,
         secrets or (),
     )

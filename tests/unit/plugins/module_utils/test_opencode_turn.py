@@ -214,6 +214,12 @@ def test_filters() -> None:
         {"rc": 0, "stdout": transcript(), "stderr": ""}, 300, [KEY]
     )
     assert verdict["ok"] and verdict["tools"] == ["read"]
+    quiet = filters["opencode_turn_verdict"](
+        {"rc": 1, "stdout": "", "stderr": "", "msg": "non-zero return code"}, 300
+    )
+    assert (
+        "its stderr is empty" in quiet["message"] and "non-zero return code" not in quiet["message"]
+    )
     missing = filters["opencode_turn_verdict"](
         {"rc": 2, "msg": f"[Errno 2] No such file {KEY}"}, 300, [KEY]
     )
