@@ -452,6 +452,22 @@ def rdma_findings(
                 check="gid",
             )
         )
+    present = list(rdma.get("devices") or {})
+    missing = [hca for hca in cfg["ib_hcas"] if hca not in present]
+    if missing:
+        # NCCL_IB_HCA naming a device the node lacks: NCCL skips it without a word, or
+        # finds no device at all and falls back to sockets.
+        out.append(
+            _error(
+                "ib_hcas",
+                f"cluster_network_ib_hcas names {', '.join(missing)}, which this node does not"
+                f" have (RDMA devices: {', '.join(present) or 'none'})",
+                "list only devices that 'rdma link' or 'ibv_devices' shows on every node, or leave"
+                " cluster_network_ib_hcas empty (the HCAs behind cluster_network_interfaces)",
+                host,
+                "all",
+            )
+        )
     return out
 
 
