@@ -49,9 +49,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils._admission imp
     rank_need_bytes,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._gid_start import (
-    MOVED_MARKER as GID_MOVED_MARKER,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._gid_start import (
     REFUSAL_MARKER as GID_MARKER,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils._shm_offload_cli import (
@@ -377,7 +374,7 @@ def start_refusals(lines: Iterable[str], limit: int = 3) -> list[str]:
     """
     found: list[str] = []
     for line in lines:
-        for marker in (ADMISSION_MARKER, OFFLOAD_MARKER, GID_MARKER, GID_MOVED_MARKER):
+        for marker in (ADMISSION_MARKER, OFFLOAD_MARKER, GID_MARKER):
             at = line.find(marker)
             if at >= 0:
                 text = line[at:].strip()

@@ -24,6 +24,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts im
     parse_ibv_devinfo,
     parse_show_gids,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
+    start_refusals,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils._validate import ValidationError
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -252,3 +255,15 @@ def test_the_installed_program_resolves_and_refuses(tmp_path):
                              capture_output=True, text=True, timeout=60, check=False)
     assert refused.returncode == 1 and "mlx5_9 port 1 has no GID table" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_the_rollout_quotes_a_refusal_not_a_move(spark, capsys):
+    """A refused start is quoted like the admission's refusal; a moved index is not a refusal."""
+    env_file = spark / "nccl-gid.env"
+    gs.main(argv(spark, env_file, expect=4))
+    gs.main(argv(spark, env_file, ipv4="192.168.100.99"))
+    journal = [f"Dec 03 19:00:00 spark-worker gid-start[42]: {line}"
+               for line in capsys.readouterr().err.splitlines()]
+    (quoted,) = start_refusals(journal)
+    assert quoted.startswith(gs.REFUSAL_MARKER) and "192.168.100.99" in quoted
+
