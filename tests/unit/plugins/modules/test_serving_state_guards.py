@@ -144,3 +144,33 @@ def test_missing_weights_on_unified_memory_warn(paths):
     assert not out.failed, out.result
     assert out.result["memory"]["weights_bytes"] == 0
     assert any("counts no weights: /nonexistent/w cannot be read" in w for w in warned), warned
+
+
+GID_ENV = {"NCCL_IB_GID_INDEX": "3", "NCCL_IB_HCA": "rocep1s0f0", "NCCL_SOCKET_IFNAME": "enp1s0f0np0"}
+
+
+def test_a_node_with_an_rdma_port_resolves_the_gid_index_at_every_start(paths):
+    """node.rdma + the fabric's NCCL_IB_GID_INDEX: gid-start first, the index from its file."""
+    base = args(paths, "staged")
+    base["node"] = {**base["node"], "env": GID_ENV,
+                    "rdma": {"hca": "rocep1s0f0", "port": 1, "sys_root": "/opt/localinference-standins/sys"}}
+    out = run_module(serving_state, base)
+    assert not out.failed, out.result
+    content = {u["name"]: u for u in out.result["units"]}["localinference-vllm.container"]["content"]
+    assert ("ExecStartPre=/usr/local/libexec/localinference/gid-start --sys-root"
+            " /opt/localinference-standins/sys --hca rocep1s0f0 --port 1 --ipv4 10.77.0.12"
+            " --netdev enp1s0f0np0 --expect 3 --env-file /run/localinference/nccl-gid.env") in content
+    assert "EnvironmentFile=/run/localinference/nccl-gid.env" in content
+    assert "NCCL_IB_GID_INDEX" not in out.result["document"]["environment"]
+    # without the port (no RDMA resolved) the frozen environment stays as it was
+    base["node"]["rdma"] = {}
+    plain = run_module(serving_state, base)
+    assert plain.result["document"]["environment"]["NCCL_IB_GID_INDEX"] == "3"
+
+
+def test_a_bad_rdma_port_is_refused_by_name(paths):
+    base = args(paths, "staged")
+    base["node"] = {**base["node"], "env": GID_ENV, "rdma": {"hca": "roce/../x"}}
+    out = run_module(serving_state, base)
+    assert out.failed and "node.rdma.hca" in out.result["msg"], out.result
+    assert "serve_rdma_sys_root" in out.result["msg"]
