@@ -234,7 +234,7 @@ PUBLISHED = ("127.0.0.1", 18080)
 
 
 def test_the_ingress_speaks_tls_from_its_internal_ca_and_the_controller_holds_the_ca():
-    saved = read_json(HEAD, INGRESS_RESULT)
+    saved = read_json(HEAD, INGRESS_RESULT)["result"]
     assert saved["tls"]["mode"] == "internal", saved["tls"]
     assert saved["public_url"].startswith("https://") and endpoint().startswith("https://")
     head_ca = exec_on(HEAD, "cat", saved["tls"]["ca_file"]).stdout
