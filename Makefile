@@ -16,11 +16,12 @@ MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
 .PHONY: help bootstrap system-packages images lab lab-up lab-down lab-clean test test-unit lint sanity \
-        test-molecule test-lab test-lab-faults test-lab-extended test-scale scale-up scale-down test-onehost build bench soak
+        test-molecule test-lab test-lab-faults test-lab-extended test-scale scale-up scale-down test-onehost build bench soak \
+        test-release docs release
 
 help:
 	@echo "make lab        build the two-node lab and run site.yml against it (leaves it up)"
-	@echo "make test       unit tests, ansible-lint, ansible-test sanity, molecule test"
+	@echo "make test       unit tests, the release test, ansible-lint, ansible-test sanity, molecule test"
 	@echo "make lab-up     create the lab hosts only;  make lab-down  remove the lab"
 	@echo "make test-lab   the lab tests (tests/lab: state, then faults) against a lab made by 'make lab'"
 	@echo "make test-lab-extended  the long fault scenarios CI's hour leaves out, against 'make lab'"
@@ -30,6 +31,9 @@ help:
 	@echo "make bench      every benchmark against 'make lab': prints the ratios, writes .lab/bench.json"
 	@echo "make soak       agent-shaped traffic with one wedge and one link flap against 'make lab'"
 	@echo "                (SOAK_MINUTES, default 20): writes .lab/soak.json; not part of make test"
+	@echo "make test-release  build the tarball, install it offline, ansible-doc and --syntax-check from it"
+	@echo "make docs       the modules', plugins' and roles' docs as HTML in .lab/docs/html (antsibull-docs)"
+	@echo "make release    cut the version in galaxy.yml from changelogs/fragments (antsibull-changelog)"
 
 $(BIN)/ansible-playbook: requirements.txt
 	bash lab/bin/system-packages
@@ -73,7 +77,7 @@ lab-clean: lab-down
 test: bootstrap
 	bash molecule/default/host-image.sh
 	@bash lab/bin/lab-assets > $(LAB)/lab-assets.log 2>&1 & assets=$$!; \
-	  status=0; $(MAKE) --no-print-directory test-unit lint sanity || status=$$?; \
+	  status=0; $(MAKE) --no-print-directory test-unit test-release lint sanity || status=$$?; \
 	  if ! wait $$assets; then tail -30 $(LAB)/lab-assets.log; exit 1; fi; \
 	  echo "lab assets: $$(tail -1 $(LAB)/lab-assets.log)"; \
 	  exit $$status
@@ -102,6 +106,13 @@ $(LAB)/tools/promtool:
 test-unit: bootstrap $(LAB)/tools/quadlet $(LAB)/tools/promtool
 	$(BIN)/pytest tests/unit -q
 	$(BIN)/ruff check .
+
+# The release (tests/release, about 15 s): `ansible-galaxy collection build`, the
+# tarball installed with --offline into an empty collections path whose
+# dependencies come from the pinned `ansible` package, then ansible-doc on every
+# module, lookup and role and --syntax-check on every playbook from that copy.
+test-release: bootstrap
+	$(BIN)/pytest tests/release -q -p no:cacheprovider
 
 lint: bootstrap
 	$(BIN)/ansible-lint
@@ -208,3 +219,35 @@ test-onehost: images
 
 build: bootstrap
 	$(BIN)/ansible-galaxy collection build --force --output-path $(LAB)
+
+# A release: set `version` in galaxy.yml, add a release_summary fragment, then
+# `make release` folds changelogs/fragments into changelogs/changelog.yaml and
+# CHANGELOG.rst (the fragments are removed: commit that).
+release: bootstrap
+	$(BIN)/antsibull-changelog lint
+	$(BIN)/antsibull-changelog release --reload-plugins
+
+# The collection's docs as HTML in $(LAB)/docs/html with antsibull-docs and Sphinx
+# (requirements-docs.txt, pinned, installed into $(VENV) in one resolve with
+# requirements.txt). Offline: no intersphinx inventories. Not part of `make test`.
+DOCS := $(LAB)/docs
+$(VENV)/.docs-tools: requirements.txt requirements-docs.txt | $(BIN)/ansible-playbook
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-docs.txt
+	touch $@
+
+docs: bootstrap $(VENV)/.docs-tools
+	rm -rf $(DOCS) && mkdir -p $(DOCS)/site && chmod og-w $(DOCS)/site
+	$(BIN)/antsibull-docs sphinx-init --use-current --squash-hierarchy --lenient \
+	  --project localinference.vllm --title localinference.vllm --html-short-title localinference.vllm \
+	  --dest-dir $(DOCS)/site localinference.vllm > /dev/null
+	echo 'intersphinx_mapping = {}' >> $(DOCS)/site/conf.py
+	mkdir -p $(DOCS)/site/rst && chmod og-w $(DOCS)/site/rst
+	$(BIN)/antsibull-docs --config-file $(DOCS)/site/antsibull-docs.cfg collection --use-current \
+	  --squash-hierarchy --cleanup everything --dest-dir $(DOCS)/site/rst localinference.vllm \
+	  > $(DOCS)/antsibull-docs.log 2>&1 || { tail -30 $(DOCS)/antsibull-docs.log; exit 1; }
+	@echo "antsibull-docs: $$(grep -c 'No documentation available for filter' $(DOCS)/antsibull-docs.log || true) filters without docs," \
+	  "$$(grep -c 'validation error' $(DOCS)/antsibull-docs.log || true) roles whose specs it refuses (their pages say so; $(DOCS)/antsibull-docs.log)"
+	$(BIN)/sphinx-build -M html $(DOCS)/site/rst $(DOCS)/site/build -c $(DOCS)/site -q 2> $(DOCS)/sphinx.log \
+	  || { tail -30 $(DOCS)/sphinx.log; exit 1; }
+	ln -sfn site/build/html $(DOCS)/html
+	@echo "docs: $(DOCS)/html/index.html ($$(grep -c WARNING $(DOCS)/sphinx.log || true) Sphinx warnings, $(DOCS)/sphinx.log)"
