@@ -5,7 +5,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: stage_fingerprint
 short_description: The sha256 of everything a stage's run depends on, computed on the controller
-version_added: 0.7.0
+version_added: 0.2.0
 description:
   - Hashes the values of every input of a role (each option of its C(meta/argument_specs.yml) entry
     point, as this run sees it), the collection's code (every file under C(plugins/) and C(roles/)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: container_image
 short_description: The serving image on a node, by digest - looked at, loaded, pulled or exported as an OCI archive
-version_added: 0.4.0
+version_added: 0.2.0
 description:
   - The serve role's image step (roles/serve/tasks/image.yml). The image is pinned by digest; the
     head gets it once (from O(archive), an OCI archive for air-gapped sites, or pulled), writes an OCI

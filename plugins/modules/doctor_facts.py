@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: doctor_facts
 short_description: Gather what the doctor judges on one node - saved results, unit states, the last boot log
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Reads the files in O(files) (the saved stage results, C(serving.json), the observation file),
     C(systemctl show) of each unit in O(units), and the newest O(journal_lines) lines of

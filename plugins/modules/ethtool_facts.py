@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: ethtool_facts
 short_description: Read link, speed, duplex, driver and MTU of named interfaces
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Runs C(ethtool IF) and C(ethtool -i IF) for each interface and reads its MTU, operational state and MAC
     address from sysfs.

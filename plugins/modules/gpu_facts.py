@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: gpu_facts
 short_description: Read NVIDIA GPU facts from nvidia-smi, with unified-memory fallback
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Runs C(nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,memory.free,pci.bus_id,driver_version --format=csv)
     (or C(nvidia-smi -q -x)) and the plain C(nvidia-smi) table for the CUDA version.

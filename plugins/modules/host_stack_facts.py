@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: host_stack_facts
 short_description: Gather the host-stack evidence preflight judges (kernel, CMA, NCCL, clock, disk, memlock)
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Reads the kernel release, C(/proc/cmdline) and the C(CmaTotal)/C(CmaFree) lines of C(/proc/meminfo) (F21), the
     RDMA devices under C(<sys_root>/class/infiniband), C(timedatectl show) and C(chronyc -n tracking) (F24),

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: kv_budget
 short_description: Plan max_model_len, concurrency and the opencode client budget from vLLM's reports
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Fits the KV memory one request needs, C(a + b*L), from observed boots (vLLM's reported KV tokens at a
     C(max_model_len), with KV memory per rank when known) and picks the largest C(max_model_len)

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: memory_admission
 short_description: Check that a rank has the memory its plan needs right now (admission, F4)
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Reads C(MemAvailable) from C(/proc/meminfo) and, for the cgroup (v2 C(memory.max)/C(memory.high)/C(memory.current),
     v1 C(memory.limit_in_bytes)/C(memory.usage_in_bytes)) and each of its parents up to the mount root, the limit

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: memory_facts
 short_description: Read memory-pressure facts and other users' processes by RSS
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Reads C(MemTotal)/C(MemAvailable) and swap from C(/proc/meminfo), memory pressure (PSI) from
     C(/proc/pressure/memory), the size and free space of C(/dev/shm), the memlock limit, the load average, the

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: model_manifest
 short_description: Create or verify a sha256 manifest of a model snapshot
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - With O(mode=create), records every regular file of a model snapshot (relative path, size,
     modification time, sha256) in a JSON manifest beside the snapshot, and checks the header of every

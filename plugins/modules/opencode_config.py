@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: opencode_config
 short_description: Write or judge the opencode client's provider config against the measured server
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Runs where opencode runs (the operator's workstation). With O(state=present) it merges one
     C(@ai-sdk/openai-compatible) provider and model into an opencode config file (JSON) without

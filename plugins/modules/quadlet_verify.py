@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: quadlet_verify
 short_description: Check Podman Quadlet units with the real generator before they start
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Runs the node's own Quadlet generator in dry-run mode
     (C(QUADLET_UNIT_DIRS=DIR /usr/libexec/podman/quadlet -dryrun)) on a directory of

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: qualify_check
 short_description: Run one qualification check against a served model and judge it
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Sends real requests to an OpenAI-compatible vLLM endpoint (normally the ingress route an agent
     uses), measures them and judges the answers in pure Python (C(module_utils/_qualify*.py)).

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: qualify_report
 short_description: Write the qualification report (report.json, report.md, PNG plots) and decide promote or challenger
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - Turns the results of M(localinference.vllm.qualify_check) calls, two snapshots of vLLM's
     C(/metrics) (parsed with C(prometheus_client)) and vLLM's periodic stats log lines (median,

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: rdma_facts
 short_description: Read RDMA port state, MTU, link layer and the RoCE v2 GID index per port
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Runs C(ibv_devinfo -v) for port state, C(max_mtu)/C(active_mtu) and link layer, and reads the GID table from
     sysfs (C(<sys_root>/class/infiniband/<hca>/ports/<n>/gids/*), C(gid_attrs/types/*), C(gid_attrs/ndevs/*)).

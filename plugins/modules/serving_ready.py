@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: serving_ready
 short_description: Wait until a vLLM endpoint streams its first token, or its unit fails
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Polls C(/health) and, once it answers 200, sends one streamed chat completion and waits
     for the first generated token (C(content), C(reasoning) or C(reasoning_content) delta).

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: serving_state
 short_description: Render, write and verify the reconciled vLLM serving state of one node
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Normalises a serving recipe (inventory variable C(vllm_recipe)), computes its canonical
     sha256 hash and renders the node's Podman Quadlet C(.container) or systemd C(.service)

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: shm_offload
 short_description: Report, and reclaim fail-closed, orphaned vLLM native KV-offload mmaps in /dev/shm
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - vLLM's native KV offload (C(--kv-offloading-size)) keeps its CPU tier in
     C(/dev/shm/vllm_offload_*.mmap). A killed server leaves these files behind and the next start

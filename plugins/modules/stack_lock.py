@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: stack_lock
 short_description: Record the whole stack that served, diff it against the last good one, read it back
-version_added: 0.3.0
+version_added: 0.2.0
 description:
   - The stack lockfile (default C(/etc/localinference/stack.lock.json), on the head) keeps the newest
     O(keep) stacks that served, newest first. Each entry has C(recorded_at), C(stack_hash) and, per node,

@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: vllm_log_facts
 short_description: Read what vLLM reported in its log - KV capacity, memory, errors and stats
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Parses a vLLM log from O(path), from O(content), or from a unit (C(journalctl -u) or
     C(podman logs)) and returns the facts under C(ansible_facts.vllm_log).
