@@ -138,6 +138,18 @@ def test_every_role_documents_itself(release):
             assert spec.get("short_description"), f"{name} entry point {entry_point}"
 
 
+def test_every_documented_filter_and_test_documents_itself(release):
+    """The filters load (none has docs of its own yet); each one that gets docs must render."""
+    for plugin_type in ("filter", "test"):
+        out = run([BIN / "ansible-doc", "-t", plugin_type, "-l", FQCN, "--json"],
+                  release["env"], release["cwd"])
+        listed = json.loads(out.stdout)
+        documented = [n.rsplit(".", 1)[1] for n, d in listed.items() if d != "UNDOCUMENTED"]
+        if documented:
+            assert sorted(ansible_doc(release, plugin_type, documented)) == sorted(
+                f"{FQCN}.{n}" for n in documented)
+
+
 def test_every_name_the_roles_and_playbooks_use_resolves(release):
     """A filter, module, lookup or role named by FQCN in the installed copy is there."""
     root = release["root"]
