@@ -104,8 +104,8 @@ class Watchdog:
         except (OSError, ValueError) as exc:
             token = {"ok": None, "error": f"the ingress key cannot be read: {exc}"}
         else:
-            token = first_token(ingress["base_url"], ingress["model"], key, self.cfg["token_deadline_s"],
-                                    ingress.get("ca_file"))
+            token = first_token(ingress["base_url"], ingress["model"], key,
+                                self.cfg["token_deadline_s"], ingress.get("ca_file"))
         engine: dict[str, Any] = {"health": None, "token_ok": None}
         if token.get("ok") is not True:
             engine["health"], _ = get(engine_url + "/health", min(5.0, self.cfg["token_deadline_s"]))

@@ -266,4 +266,3 @@ def test_the_rollout_quotes_a_refusal_not_a_move(spark, capsys):
                for line in capsys.readouterr().err.splitlines()]
     (quoted,) = start_refusals(journal)
     assert quoted.startswith(gs.REFUSAL_MARKER) and "192.168.100.99" in quoted
-
