@@ -403,8 +403,12 @@ def rollout(
     The default tags include the fabric stage, which publishes the cluster
     network environment the rollout starts vLLM with. ``env`` as for
     :func:`run_playbook` (the benchmarks add their profiling callbacks).
+    The rollout's opencode turn is off unless ``extra_vars`` sets
+    ``agent_client_rollout_turn``: the fault tests start the server some twenty
+    times and a turn costs 10-13 s each; test_rollout_agent_turn.py and
+    ``make lab`` (a whole site.yml) prove it.
     """
-    variables = dict(extra_vars or {})
+    variables = {"agent_client_rollout_turn": "never", **(extra_vars or {})}
     if recipe is not None:
         variables["vllm_recipe"] = dict(recipe)
     return run_playbook(

@@ -45,6 +45,8 @@ PROFILED = {
     "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
     "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all",
 }
+# The harness's rollout() turns the turn off for the other fault tests; these ask for the default.
+STARTED = {"agent_client_rollout_turn": "started"}
 # profile_tasks' recap line: "Task name ---- 9.12s".
 RECAP_ROW = re.compile(r"^(?P<task>.+?) -+ (?P<seconds>\d+\.\d+)s$")
 
@@ -77,7 +79,7 @@ def _turn_seconds(stdout: str) -> float:
 def test_a_rollout_that_starts_the_server_ends_with_a_passing_turn(opencode_set_up) -> None:
     exec_on(HEAD, "systemctl", "stop", VLLM_UNIT)
     try:
-        proc = rollout(tags="rollout", env=PROFILED)
+        proc = rollout(tags="rollout", env=PROFILED, extra_vars=STARTED)
     finally:
         # Whatever happened, the lab is left serving.
         if not streams_a_token():
@@ -99,7 +101,7 @@ def test_a_rollout_that_starts_the_server_ends_with_a_passing_turn(opencode_set_
 
 def test_a_rollout_that_starts_nothing_skips_the_turn_in_one_line(opencode_set_up) -> None:
     wait_for("the endpoint to stream", streams_a_token, timeout=300)
-    proc = rollout(tags="rollout", env=PROFILED)
+    proc = rollout(tags="rollout", env=PROFILED, extra_vars=STARTED)
     assert proc.rc == 0, proc.tail()
     print(
         f"\nskipped agent turn: {_turn_seconds(proc.stdout):.1f} s of the rollout's {proc.seconds:.0f} s"
