@@ -204,7 +204,7 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
     wedge = wedge_sign(look, previous, moved)
     no_answer = token.get("ok") is False and engine.get("health") != 200
     next_state = {"previous": look, "restarts": _budget(state, now, cfg),
-                  "bad_looks": 0, "first_bad_at": None}
+                  "bad_looks": 0, "first_bad_at": None, "ingress_bad_looks": 0}
 
     verdict, target, evidence = "healthy", None, "the endpoint streams a token"
     if token.get("ok") is None:
@@ -242,9 +242,15 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
         else:
             verdict = "degraded"
     elif token.get("ok") is False and engine.get("token_ok") is True:
-        verdict, target = "down", "ingress"
+        # On two consecutive looks, as a wedge: at the edge of an engine's boot the ingress's
+        # probe can meet the engine a moment before it answers and the direct one after.
+        bad = int(state.get("ingress_bad_looks", 0)) + 1
+        next_state["ingress_bad_looks"] = bad
+        stopped = ingress.get("ActiveState") in ("failed", "inactive")
+        verdict, target = ("down", "ingress") if stopped or bad >= WEDGE_LOOKS else ("degraded", None)
         evidence = (f"the engine streams directly but not through the ingress "
-                    f"({str(token.get('error'))[:160]}; {ingress.get('ActiveState', 'unit state unknown')})")
+                    f"({str(token.get('error'))[:160]}; {ingress.get('ActiveState', 'unit state unknown')}; "
+                    f"{bad} look{'s' if bad > 1 else ''})")
     elif ingress.get("ActiveState") in ("failed", "inactive"):
         verdict, target = "down", "ingress"
         evidence = f"the ingress unit is {ingress.get('ActiveState')}"
