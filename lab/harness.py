@@ -118,7 +118,8 @@ class LabError(RuntimeError):
 
 
 def module_utils(name: str) -> ModuleType:
-    """``plugins/module_utils/<name>.py`` of this checkout, imported as Ansible imports it."""
+    """``plugins/module_utils/<stage>/<module>.py`` of this checkout (``name`` is ``stage._module``),
+    imported as Ansible imports it."""
     try:
         return importlib.import_module(
             f"ansible_collections.localinference.vllm.plugins.module_utils.{name}"
@@ -570,7 +571,7 @@ def served_max_model_len(base: str | None = None, timeout: float = 10) -> int | 
 
 def _sse_token(line: str) -> dict[str, Any] | None:
     """The collection's own first-token rule (serving_ready uses it too)."""
-    return module_utils("_ready").sse_token(line)
+    return module_utils("serve._ready").sse_token(line)
 
 
 def first_token(

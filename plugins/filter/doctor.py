@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The doctor's judge as filters; the judgement lives in ``module_utils/_doctor.py``.
+"""The doctor's judge as filters; the judgement lives in ``module_utils/doctor/_doctor.py``.
 
 - ``doctor_findings``: the gathered evidence (see ``_doctor.judge``) judged:
   ``{healthy, verdict, findings, checked}``; never raises on malformed evidence.
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible_collections.localinference.vllm.plugins.module_utils._doctor import (
+from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor import (
     judge,
     probe_ca,
     probe_urls,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._doctor_serving import (
+from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor_serving import (
     KEY_PATH,
     probe_targets,
 )

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters of the fabric stage; the judgement lives in module_utils/_fabric.py.
+"""Filters of the fabric stage; the judgement lives in module_utils/fabric/_fabric.py.
 
 They run on the controller over facts already gathered: no extra round trip.
 
@@ -12,11 +12,11 @@ They run on the controller over facts already gathered: no extra round trip.
   ``result.pings``: what every (interface, peer) pair answered).
 - ``fabric_report``: every node's findings as one table (a list of lines).
 - ``fabric_busbw_command``: this node's argv of the collective bandwidth measurement (empty: none here;
-  ``module_utils/_fabric_busbw_run.py``).
+  ``module_utils/fabric/_fabric_busbw_run.py``).
 - ``fabric_busbw_judge``: rank 0's registered run -> ``{result, findings}`` of the gate
-  (``module_utils/_fabric_busbw.py``); ``result`` is saved as ``fabric.json``'s ``collective``.
+  (``module_utils/fabric/_fabric_busbw.py``); ``result`` is saved as ``fabric.json``'s ``collective``.
 - ``fabric_single_host``: ``{inputs, result, message}`` on the only node of the cluster
-  (nothing to link; ``module_utils/_fabric_single.py``).
+  (nothing to link; ``module_utils/fabric/_fabric_single.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from functools import wraps
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils import (
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric import (
     _fabric,
     _fabric_busbw,
     _fabric_busbw_run,

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Firewall filters of the serve role; the rules live in module_utils/_firewall.py.
+"""Firewall filters of the serve role; the rules live in module_utils/serve/_firewall.py.
 
 - ``firewall_ports``: the internal ports of one node (``[{port, what}]``) from the normalised recipe.
 - ``firewall_rules``: the validated data the rules file (``table inet localinference``) is rendered from.
@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils import _firewall
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _firewall
 
 
 def firewall_ports(

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Ingress filters; the rules live in module_utils/_ingress.py.
+"""Ingress filters; the rules live in module_utils/ingress/_ingress.py.
 
 - ``ingress_config``: validated routes, the saved result and the Caddyfile for an ingress spec.
 - ``ingress_models_from_state``: the served models and upstreams in the head's ``serving.json``.
@@ -17,10 +17,10 @@ import json
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils import _ingress
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.ingress import _ingress
 
 
 def ingress_config(spec: dict[str, Any]) -> dict[str, Any]:

@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils._client_budget import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._client_budget import (
     ClientInputError,
     plan_client,
     working_budget,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model import (
     KvInputError,
     boot_memory,
     calibration_key,

@@ -1,12 +1,12 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Measurement filters of the agent_client role; the parsing lives in module_utils/_opencode_measure.py.
+"""Measurement filters of the agent_client role; the parsing lives in module_utils/client/_opencode_measure.py.
 
 - ``opencode_prompt_floor``: opencode's first request in tokens from /metrics before/after one run.
 - ``opencode_stream_fields``: the delta keys that carried text in a streamed chat completion.
 - ``opencode_run_events``: answer text, steps (server usage), errors of ``opencode run --format json``.
 - ``opencode_turn_wanted``, ``opencode_turn_ready``, ``opencode_turn_verdict``: the rollout's agent turn
-  (module_utils/_opencode_turn.py).
+  (module_utils/client/_opencode_turn.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils._opencode_measure import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._opencode_measure import (
     MeasureError,
     prompt_floor,
     run_events,
     stream_fields,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._opencode_turn import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._opencode_turn import (
     turn_ready,
     turn_verdict,
     turn_wanted,

@@ -1,11 +1,11 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Preflight's judgements, run on the controller; the logic lives in module_utils/_preflight.py.
+"""Preflight's judgements, run on the controller; the logic lives in module_utils/preflight/_preflight.py.
 
 - ``preflight_rank``: ``ansible_facts.memory | preflight_rank(ansible_facts.gpu, thresholds, host)``
   -> this node's summary with its findings (F4, F13, F5); given ``ansible_facts.host_stack`` and
   the host-stack options as well, also its ``host_stack`` summary and the host-stack findings
-  (F21, F22, F24, F26; module_utils/_host_stack.py).
+  (F21, F22, F24, F26; module_utils/preflight/_host_stack.py).
 - ``preflight_silent_verdict``: the registered probe results about a node that did not
   answer -> ``{class: saturated|unreachable, evidence, load_1m, advice, findings}`` (F5).
 - ``preflight_cluster``: ``hostvars | preflight_cluster(ansible_play_hosts_all, ansible_play_hosts)``
@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils._host_stack import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._host_stack import (
     HostStackInputError,
     judge_node,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._preflight import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._preflight import (
     PreflightInputError,
     judge_cluster,
     rank_summary,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils._qualify_expected import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_expected import (
     ExpectedError,
     check_params,
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
     start_refusals as _start_refusals,
 )
 

@@ -14,17 +14,19 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils._findings import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import (
     errors,
     finding,
     sentence,
     text_table,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     StageResultError,
     inputs_hash,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import table_errors
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    table_errors,
+)
 
 
 def stage_hash(value: Any) -> str:

@@ -14,8 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe import check
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import ValidationError
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import check
 
 NOTHING_CHANGED = "Nothing was changed."
 

@@ -72,7 +72,7 @@ from typing import Any
 import yaml
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     StageResultError,
     inputs_hash,
 )

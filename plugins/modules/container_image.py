@@ -115,14 +115,18 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils import _image
-from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     CommandTimeout,
     Runner,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import ValidationError
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _image
 
 
 class ImageError(Exception):

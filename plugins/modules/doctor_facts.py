@@ -202,28 +202,32 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
     timeout_error,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._doctor_evidence import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+    unit_name,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor_evidence import (
     PROPERTIES,
     parse_show,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._incidents import read_recent
-from ansible_collections.localinference.vllm.plugins.module_utils._ingress import key_from_env_file
-from ansible_collections.localinference.vllm.plugins.module_utils._state import (
+from ansible_collections.localinference.vllm.plugins.module_utils.ingress._ingress import (
+    key_from_env_file,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._state import (
     StateFileError,
     read_text,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._token_probe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._token_probe import (
     first_token,
     get,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
-    ValidationError,
-    unit_name,
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._incidents import (
+    read_recent,
 )
 
 MAX_JOURNAL_LINES = 100_000

@@ -87,22 +87,24 @@ ansible_facts:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
     timeout_error,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._ethtool_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+    interface_name,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._ethtool_facts import (
     EthtoolParseError,
     parse_driver,
     parse_settings,
     sysfs_int,
     sysfs_text,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
-    ValidationError,
-    interface_name,
 )
 
 HINT = "the NIC driver may be stuck (see 'dmesg'); raise timeout only if ethtool is merely slow"

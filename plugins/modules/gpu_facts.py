@@ -130,12 +130,12 @@ ansible_facts:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
     timeout_error,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_facts import (
     QUERY_FIELDS,
     NvidiaSmiParseError,
     build_facts,
@@ -144,7 +144,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts imp
     parse_table,
     parse_xml,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
     ProcParseError,
     parse_meminfo,
 )

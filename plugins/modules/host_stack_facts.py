@@ -19,7 +19,7 @@ description:
     C(LD_PRELOAD), C(LD_LIBRARY_PATH) and C(VLLM_NCCL_SO_PATH) the engine sees.
   - Every command runs with a timeout and the C locale; a command that is missing, fails or times out is noted
     in RV(ansible_facts.host_stack.notes) and its evidence left empty, so a wedged daemon never hangs preflight.
-  - The judgement is C(plugins/module_utils/_host_stack.py), through the C(preflight_rank) filter.
+  - The judgement is C(plugins/module_utils/preflight/_host_stack.py), through the C(preflight_rank) filter.
 author:
   - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
@@ -150,18 +150,20 @@ import os
 import posixpath
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
     timeout_error,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._manifest import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._nccl_probe import PROBE
+from ansible_collections.localinference.vllm.plugins.module_utils.weights._manifest import (
     ManifestError,
     default_manifest_path,
     load_manifest,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._nccl_probe import PROBE
 
 MAX_READ = 1024 * 1024
 # A snapshot walk that finds more files than this is not a model snapshot.

@@ -155,7 +155,7 @@ options:
         observation of it yet) every recipe is planned on its own and the worst plan wins.
     type: str
 notes:
-  - The arithmetic lives in C(module_utils/_kv_model.py), C(_client_budget.py) and
+  - The arithmetic lives in C(module_utils/plan/_kv_model.py), C(_client_budget.py) and
     C(_recipe_lint.py); the C(localinference.vllm.kv_*) filters call the same code.
 """
 
@@ -309,18 +309,23 @@ worst_boot_bound:
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
-from ansible_collections.localinference.vllm.plugins.module_utils._client_budget import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._client_budget import (
     MIN_OUTPUT,
     ClientInputError,
     check_client_limits,
     needed_context,
     plan_client,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._kv_input import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_input import (
     read_observations_file,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model import (
     GIB,
     KvInputError,
     calibration_key,
@@ -328,10 +333,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils._kv_model impo
     plan_kv,
     scheduled_tokens,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
     check as check_recipe,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe_lint import (
     MAX_BYTES,
     RecipeInputError,
     lint_context,
@@ -342,9 +347,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint i
     parse_size,
     recipe_max_model_len,
     speculative_settings,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
-    ValidationError,
 )
 
 ARGUMENT_SPEC: dict[str, Any] = {

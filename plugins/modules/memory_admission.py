@@ -13,7 +13,7 @@ description:
     minus the usage less reclaimable inactive file cache. The lowest of these is what is available.
   - Admits when that covers O(need_bytes) plus O(reserve_bytes); otherwise names the largest processes by RSS (read
     from C(/proc/*/status), the unit's own excluded) and, with O(fail_when_refused), fails with one line that says so.
-  - The same check (C(plugins/module_utils/_admission.py)) runs on the node as the serving unit's C(ExecStartPre),
+  - The same check (C(plugins/module_utils/serve/_admission.py)) runs on the node as the serving unit's C(ExecStartPre),
     where memory taken between preflight and the start refuses the start instead of letting the rank OOM.
   - Only reads; nothing is signalled.
 author:
@@ -119,15 +119,15 @@ message:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils._admission import (
-    AdmissionError,
-    check,
-    own_cgroups,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
     timeout_error,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._admission import (
+    AdmissionError,
+    check,
+    own_cgroups,
 )
 
 

@@ -194,7 +194,12 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils._manifest import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    MAX_PATH,
+    ValidationError,
+    text,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.weights._manifest import (
     ManifestError,
     create,
     default_manifest_path,
@@ -206,11 +211,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils._manifest impo
     validate_manifest,
     verify,
     write_manifest,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
-    MAX_PATH,
-    ValidationError,
-    text,
 )
 
 

@@ -154,8 +154,7 @@ import tempfile
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils._findings import errors, sentence
-from ansible_collections.localinference.vllm.plugins.module_utils._opencode import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._opencode import (
     OpencodeConfigError,
     budget,
     check_inputs,
@@ -163,6 +162,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils._opencode impo
     merge,
     parse_config,
     render,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import (
+    errors,
+    sentence,
 )
 
 ARGUMENT_SPEC: dict[str, Any] = {

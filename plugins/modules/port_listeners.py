@@ -64,7 +64,7 @@ foreign:
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils._ports import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._ports import (
     foreign,
     listeners,
     refusal,

@@ -67,8 +67,10 @@ stderr:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import timeout_error
-from ansible_collections.localinference.vllm.plugins.module_utils._quadlet import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
+    timeout_error,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._quadlet import (
     QuadletCheckError,
     check_units,
 )

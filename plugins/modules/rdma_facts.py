@@ -111,23 +111,25 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils import _validate as validate
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
     timeout_error,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+    interface_name,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._rdma_facts import (
     RdmaParseError,
     gid_table,
     parse_ibv_devinfo,
     rdma_device_name,
     read_sysfs_gids,
     roce_v2_ipv4_index,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
-    ValidationError,
-    interface_name,
 )
 
 HINT = (

@@ -101,19 +101,19 @@ from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._ready import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+    unit_name,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._ready import (
     SseError,
     SseReader,
     parse_show,
     unit_failed,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
-    ValidationError,
-    unit_name,
 )
 
 SHOW = ["-p", "ActiveState", "-p", "SubState", "-p", "NRestarts", "-p", "Result", "-p", "LoadState"]

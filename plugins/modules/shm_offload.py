@@ -172,8 +172,8 @@ import shutil
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import Runner
-from ansible_collections.localinference.vllm.plugins.module_utils._shm_offload import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import Runner
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._shm_offload import (
     CATALOG,
     ShmOffloadError,
     check_directory,

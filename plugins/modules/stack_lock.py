@@ -213,35 +213,37 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils import _stack_facts as facts
-from ansible_collections.localinference.vllm.plugins.module_utils import _stack_lock as lock
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
     timeout_error,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._ethtool_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_log import parse_log
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._ethtool_facts import (
     EthtoolParseError,
     parse_driver,
     sysfs_text,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._findings import finding
-from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import recipe_hash
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_facts import (
     NvidiaSmiParseError,
     parse_table,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._manifest import (
-    ManifestError,
-    default_manifest_path,
-    validate_manifest,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe import recipe_hash
-from ansible_collections.localinference.vllm.plugins.module_utils._state import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._state import (
     StateFileError,
     parse_document,
     read_text,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import parse_log
+from ansible_collections.localinference.vllm.plugins.module_utils.upgrade import (
+    _stack_facts as facts,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.upgrade import _stack_lock as lock
+from ansible_collections.localinference.vllm.plugins.module_utils.weights._manifest import (
+    ManifestError,
+    default_manifest_path,
+    validate_manifest,
+)
 
 SERVER_UNIT = "localinference-vllm.service"
 MAX_LOCK_BYTES = 16 * 1024 * 1024

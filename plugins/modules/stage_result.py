@@ -197,15 +197,12 @@ import tempfile
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
     timeout_error,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._stage_checks import (
-    parse_unit_show,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     STAGES,
     StageResultError,
     check_document,
@@ -216,6 +213,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils._stage_result 
     merge_watch,
     recorded_watch,
     render,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._stage_checks import (
+    parse_unit_show,
 )
 
 ARGUMENT_SPEC: dict[str, Any] = {

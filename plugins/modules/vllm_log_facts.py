@@ -157,16 +157,16 @@ import platform
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
     timeout_error,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
     unit_name,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_log import (
     LogEmptyError,
     LogInputError,
     check_log_text,

@@ -15,12 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils._qualify_expected import (
-    KNOWN,
-    ExpectedError,
-    parse,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
     Node,
     RecipeError,
     normalise,
@@ -29,7 +24,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe import
     serve_argv,
     unknown_flags,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._units import model_location
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_expected import (
+    KNOWN,
+    ExpectedError,
+    parse,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._units import model_location
 from ansible_collections.localinference.vllm.plugins.modules import kv_budget
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
 

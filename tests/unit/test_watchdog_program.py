@@ -6,57 +6,28 @@ bad input without a traceback."""
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
-import yaml
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _embed
 
 ROOT = Path(__file__).resolve().parents[2]
-UTILS = ROOT / "plugins" / "module_utils"
-PACKAGE = "ansible_collections.localinference.vllm.plugins.module_utils"
-
-
-def imports(name: str) -> list[str]:
-    tree = ast.parse((UTILS / f"{name}.py").read_text())
-    out = []
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE):
-            out += [a.name for a in node.names] if node.module == PACKAGE else [node.module.rsplit(".", 1)[1]]
-    return out
-
-
-def test_sources_are_the_import_closure_in_order() -> None:
-    sources = yaml.safe_load((ROOT / "roles/watchdog/vars/main.yml").read_text())["__watchdog_sources"]
-    assert sources[-1] == "_watchdog"
-    for index, name in enumerate(sources):
-        for needed in imports(name):
-            assert needed in sources[:index], f"{name} imports {needed}, which is not embedded before it"
-    needed = {"_watchdog"}
-    todo = ["_watchdog"]
-    while todo:
-        for dep in imports(todo.pop()):
-            if dep not in needed:
-                needed.add(dep)
-                todo.append(dep)
-    assert set(sources) == needed
 
 
 def render(tmp_path: Path) -> Path:
-    """The program as the template renders it (the same embedding, without Ansible)."""
-    import base64
-
-    sources = yaml.safe_load((ROOT / "roles/watchdog/vars/main.yml").read_text())["__watchdog_sources"]
-    template = (ROOT / "roles/watchdog/templates/watchdog.j2").read_text()
-    head, _, rest = template.partition("{% for name in __watchdog_sources %}")
-    _, _, tail = rest.partition("{% endfor %}\n")
-    lines = "".join(
-        f'    ("{n}", "{base64.b64encode((UTILS / f"{n}.py").read_bytes()).decode()}"),\n' for n in sources)
-    text = head.split("#}\n", 1)[1].replace("{{ '#!/usr/bin/python3 -I' }}", "#!/usr/bin/python3 -I") + lines + tail
+    """The program as the template renders it (common/_embed.py, without Ansible)."""
     program = tmp_path / "watchdog"
-    program.write_text(text)
+    program.write_text(_embed.program("watchdog._watchdog", []))
     return program
+
+
+def test_the_template_embeds_the_watchdog_and_what_it_imports() -> None:
+    template = (ROOT / "roles/watchdog/templates/watchdog.j2").read_text()
+    assert "'watchdog._watchdog' | localinference.vllm.embedded_program(" in template
+    sources = _embed.closure("watchdog._watchdog")
+    assert sources[-1] == "watchdog._watchdog"
+    assert {"serve._restart", "serve._token_probe", "common._validate"} <= set(sources)
 
 
 def test_the_program_refuses_a_bad_node_command(tmp_path: Path) -> None:

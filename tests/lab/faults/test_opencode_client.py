@@ -97,7 +97,7 @@ def _opencode_env(scratch: Path, config: Path) -> dict[str, str]:
 
 def _requests_seen() -> float:
     text = exec_on(HEAD, "curl", "-s", "-m", "10", METRICS).stdout
-    count = module_utils("_opencode_measure").metric_total(
+    count = module_utils("client._opencode_measure").metric_total(
         text, "vllm:request_prompt_tokens_count", MODEL
     )
     assert count is not None, f"no vLLM metrics at {METRICS} on {HEAD}: {text[:300]}"
@@ -124,7 +124,7 @@ def test_opencode_completes_a_turn_through_the_generated_config(client, tmp_path
         check=False,
     )  # fmt: skip
     requests = _requests_seen() - requests_before
-    turn = module_utils("_opencode_measure").run_events(done.stdout)
+    turn = module_utils("client._opencode_measure").run_events(done.stdout)
     journal = exec_on(
         HEAD, "journalctl", "-u", VLLM_UNIT, "--since", f"@{since}", "--no-pager", "-o", "cat"
     ).stdout

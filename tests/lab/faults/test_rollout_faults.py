@@ -113,7 +113,7 @@ def test_a_start_the_plan_did_not_foresee_rolls_back_quoting_the_estimate(baseli
     recipe fits): vLLM refuses the start, the rollout rolls back and quotes vLLM's estimate."""
     recipe = too_large(baseline)
     stale_plan = {
-        "recipe_hash": module_utils("_stage_result").inputs_hash(recipe),
+        "recipe_hash": module_utils("common._stage_result").inputs_hash(recipe),
         "max_model_len": 32768,
         "served_max_model_len": 32768,
         "violations": [],

@@ -43,7 +43,7 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 
 def lock_entries() -> list[dict]:
     """The head's lockfile as the collection reads it back (no finding allowed)."""
-    judge = module_utils("_stack_lock")
+    judge = module_utils("upgrade._stack_lock")
     entries, findings = judge.check_document(read_text(HEAD, STACK_LOCK), STACK_LOCK)
     assert findings == [], findings
     return entries
@@ -69,7 +69,7 @@ def test_the_rollout_records_the_whole_stack_that_served():
     entries = lock_entries()
     assert entries, f"{STACK_LOCK} holds no stack"
     newest = entries[0]
-    judge = module_utils("_stack_lock")
+    judge = module_utils("upgrade._stack_lock")
     assert set(newest["nodes"]) == set(HOSTS)
     image = inventory_recipe()["image"]
     for host, node in newest["nodes"].items():

@@ -44,7 +44,7 @@ def connect_from(host: str, address: str, port: int) -> str:
 
 def test_the_store_still_binds_every_address_of_the_head():
     """The reason for the table: the listener itself cannot be narrowed."""
-    sockets = module_utils("_ingress").parse_listening(exec_on(HEAD, "ss", "-Hltnp").stdout)
+    sockets = module_utils("ingress._ingress").parse_listening(exec_on(HEAD, "ss", "-Hltnp").stdout)
     store = {s["address"] for s in sockets if s["port"] == STORE_PORT}
     assert store & {"*", "0.0.0.0", "::"}, store
 
@@ -53,7 +53,7 @@ def test_the_table_is_loaded_by_its_unit_and_confines_the_store():
     assert exec_on(HEAD, "systemctl", "is-active", UNIT).stdout.strip() == "active"
     assert exec_on(HEAD, "systemctl", "is-enabled", UNIT).stdout.strip() == "enabled"
     live = exec_on(HEAD, "nft", "-j", "list", "table", "inet", "localinference").stdout
-    assert module_utils("_firewall").confined_ports(live) == [STORE_PORT]
+    assert module_utils("serve._firewall").confined_ports(live) == [STORE_PORT]
     rules = exec_on(HEAD, "cat", RULES).stdout
     assert f"elements = {{ {CLUSTER_ADDRESSES[HEAD]}, {CLUSTER_ADDRESSES[WORKER]} }}" in rules
     # The worker runs no store (a headless rank): no table, no unit.

@@ -28,30 +28,38 @@ from unittest import mock
 
 import pytest
 from ansible.module_utils import basic
-from ansible_collections.localinference.vllm.plugins.module_utils import _commands
-from ansible_collections.localinference.vllm.plugins.module_utils import _manifest as manifest
-from ansible_collections.localinference.vllm.plugins.module_utils._client_budget import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._client_budget import (
     ClientInputError,
     check_client_limits,
     plan_client,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._ethtool_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _commands
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_log import (
+    LogInputError,
+    check_log_text,
+    decode_log,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._ethtool_facts import (
     EthtoolParseError,
     parse_driver,
     parse_settings,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._rdma_facts import (
+    RdmaParseError,
+    parse_ibv_devinfo,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model import (
+    KvInputError,
+    plan_kv,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_facts import (
     NvidiaSmiParseError,
     memory_mib,
     parse_query_csv,
     parse_table,
     parse_xml,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (
-    KvInputError,
-    plan_kv,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
     ProcParseError,
     parse_cgroup_limit,
     parse_loadavg,
@@ -60,14 +68,8 @@ from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts 
     parse_psi,
     parse_status,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts import (
-    RdmaParseError,
-    parse_ibv_devinfo,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
-    LogInputError,
-    check_log_text,
-    decode_log,
+from ansible_collections.localinference.vllm.plugins.module_utils.weights import (
+    _manifest as manifest,
 )
 from ansible_collections.localinference.vllm.plugins.modules import (
     ethtool_facts,

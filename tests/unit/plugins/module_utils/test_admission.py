@@ -11,8 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _admission
-from ansible_collections.localinference.vllm.plugins.module_utils._admission import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
+    parse_meminfo,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
+    parse_status as facts_parse_status,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _admission
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._admission import (
     GIB,
     AdmissionError,
     check,
@@ -21,12 +27,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils._admission imp
     mem_available,
     parse_status,
     rank_need_bytes,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (
-    parse_meminfo,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (
-    parse_status as facts_parse_status,
 )
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"

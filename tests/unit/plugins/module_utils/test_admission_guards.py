@@ -6,14 +6,14 @@ refusal line the rollout finds in the journal (``REFUSAL_MARKER``)."""
 from __future__ import annotations
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _admission
-from ansible_collections.localinference.vllm.plugins.module_utils._admission import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _admission
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._admission import (
     REFUSAL_MARKER,
     check,
     drop_caches,
     main,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
     start_refusals,
 )
 

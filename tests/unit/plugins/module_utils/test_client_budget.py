@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._client_budget import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._client_budget import (
     WORK_ROOM,
     ClientInputError,
     check_client_limits,

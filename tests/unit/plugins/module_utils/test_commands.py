@@ -11,8 +11,8 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _commands
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _commands
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     CommandTimeout,
     Runner,

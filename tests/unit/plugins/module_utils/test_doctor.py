@@ -28,19 +28,21 @@ from ansible_collections.localinference.vllm.plugins.filter.doctor import (
     doctor_token_targets,
 )
 from ansible_collections.localinference.vllm.plugins.filter.stage import findings_table
-from ansible_collections.localinference.vllm.plugins.module_utils._doctor import (
+from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor import (
     CHECKS,
     COLUMNS,
     judge,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._doctor_context import (
+from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor_context import (
     CATALOG_IDS,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._doctor_evidence import (
+from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor_evidence import (
     parse_show,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._incidents import read_recent
-from ansible_collections.localinference.vllm.plugins.module_utils._ingress import caddy_base
+from ansible_collections.localinference.vllm.plugins.module_utils.ingress._ingress import caddy_base
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._incidents import (
+    read_recent,
+)
 
 HERE = Path(__file__).parent
 FIXTURES = HERE.parents[1] / "fixtures"
@@ -410,11 +412,11 @@ HOST_STACK = [
 
 def _host_stack_findings(section: str, name: str, host: str) -> list[dict[str, Any]]:
     """What preflight's judge says on the recorded evidence of one test_host_stack case."""
-    from ansible_collections.localinference.vllm.plugins.module_utils import _host_stack
-    from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts import (
+    from ansible_collections.localinference.vllm.plugins.module_utils.preflight import _host_stack
+    from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_facts import (
         parse_table,
     )
-    from ansible_collections.localinference.vllm.plugins.module_utils._nccl_probe import (
+    from ansible_collections.localinference.vllm.plugins.module_utils.preflight._nccl_probe import (
         judge_nccl,
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._ethtool_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._ethtool_facts import (
     EthtoolParseError,
     parse_driver,
     parse_settings,

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The fabric stage's judgement (module_utils/_fabric.py) from case tables.
+"""The fabric stage's judgement (module_utils/fabric/_fabric.py) from case tables.
 
 ``test_fabric.yaml`` holds the cases: input facts and ping outcomes -> expected
 findings, environments, ping targets and drift verdicts. The facts are the real
@@ -24,10 +24,10 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.filter.fabric import FilterModule
-from ansible_collections.localinference.vllm.plugins.module_utils import _fabric
-from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     canonical_json,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric import _fabric
 from ansible_collections.localinference.vllm.plugins.modules import ethtool_facts, rdma_facts
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils._fabric_busbw import (
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._fabric_busbw import (
     BusbwParseError,
     judge,
     parse_all_reduce,

@@ -18,10 +18,10 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.filter.fabric import FilterModule
-from ansible_collections.localinference.vllm.plugins.module_utils._fabric_busbw import (
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._fabric_busbw import (
     parse_all_reduce,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._fabric_busbw_run import (
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._fabric_busbw_run import (
     GLOO_PROGRAM,
 )
 

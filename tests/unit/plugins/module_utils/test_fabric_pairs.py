@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from ansible_collections.localinference.vllm.plugins.filter.fabric import FilterModule
-from ansible_collections.localinference.vllm.plugins.module_utils._fabric_pairs import (
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._fabric_pairs import (
     missing_pairs,
     ping_outcomes,
 )

@@ -18,14 +18,14 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.filter.fabric import FilterModule
-from ansible_collections.localinference.vllm.plugins.module_utils import _fabric
-from ansible_collections.localinference.vllm.plugins.module_utils._fabric_single import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
+    canonical_json,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric import _fabric
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._fabric_single import (
     SINGLE_HOST_LINK,
     is_single_host,
     single_host,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
-    canonical_json,
 )
 
 HERE = Path(__file__).resolve().parent

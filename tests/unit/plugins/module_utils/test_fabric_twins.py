@@ -13,12 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _fabric
-from ansible_collections.localinference.vllm.plugins.module_utils._fabric_twins import (
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric import _fabric
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._fabric_twins import (
     half_cable_findings,
     twin_pairs,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._rdma_facts import (
     parse_ibv_devinfo,
 )
 

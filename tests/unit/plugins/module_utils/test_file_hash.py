@@ -9,7 +9,7 @@ import os
 import threading
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _file_hash as fh
+from ansible_collections.localinference.vllm.plugins.module_utils.weights import _file_hash as fh
 
 READ = 1024
 

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The firewall of the internal ports (module_utils/_firewall.py, filter firewall.py,
+"""The firewall of the internal ports (module_utils/serve/_firewall.py, filter firewall.py,
 the serve role's firewall.nft.j2) from the case tables in test_firewall.yaml."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ansible_collections.localinference.vllm.plugins.filter.firewall import Filt
 from ansible_collections.localinference.vllm.plugins.filter.ingress import (
     FilterModule as IngressFilters,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils import _firewall
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _firewall
 
 HERE = Path(__file__).resolve().parent
 ROLE = HERE.parents[3] / "roles" / "serve"

@@ -11,28 +11,27 @@ The program the role installs (templates/gid_start.j2) is rendered and run here 
 
 from __future__ import annotations
 
-import ast
-import base64
 import ipaddress
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _gid_start as gs
-from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _embed
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric import _gid_start as gs
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._rdma_facts import (
     parse_ibv_devinfo,
     parse_show_gids,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._serve_memory import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
     start_refusals,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import ValidationError
 
 ROOT = Path(__file__).resolve().parents[4]
 FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "ibv_devinfo"
-UTILS = ROOT / "plugins" / "module_utils"
-PACKAGE = "ansible_collections.localinference.vllm.plugins.module_utils"
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 SPARK = ("rocep1s0f0", "192.168.100.10", "enp1s0f0np0")
 CX6 = ("mlx5_bond_0", "27.105.179.3", "bond0")
@@ -214,31 +213,16 @@ def test_parse_source_defaults():
 
 # --- the program the role installs ----------------------------------------------------------------
 
-SOURCES = ["_validate", "_rdma_facts", "_gid_start"]
-
-
-def test_embedded_sources_are_the_import_closure_in_order():
+def test_the_template_embeds_gid_start_and_what_it_imports():
     template = (ROOT / "roles/serve/templates/gid_start.j2").read_text()
-    assert f"{{% for name in {SOURCES!r} %}}" in template
-    for index, name in enumerate(SOURCES):
-        tree = ast.parse((UTILS / f"{name}.py").read_text())
-        for node in tree.body:
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE):
-                needed = [a.name for a in node.names] if node.module == PACKAGE else [node.module.rsplit(".", 1)[1]]
-                for dep in needed:
-                    assert dep in SOURCES[:index], f"{name} imports {dep}, not embedded before it"
+    assert "'fabric._gid_start' | localinference.vllm.embedded_program(" in template
+    assert _embed.closure("fabric._gid_start") == ["common._validate", "fabric._rdma_facts", "fabric._gid_start"]
 
 
 def render_program(tmp_path: Path) -> Path:
-    """The program as the template renders it (the same embedding, without Ansible)."""
-    template = (ROOT / "roles/serve/templates/gid_start.j2").read_text()
-    head, _, rest = template.partition(f"{{% for name in {SOURCES!r} %}}\n")
-    _, _, tail = rest.partition("{% endfor %}\n")
-    lines = "".join(
-        f'    ("{n}", "{base64.b64encode((UTILS / f"{n}.py").read_bytes()).decode()}"),\n' for n in SOURCES)
-    text = head.split("#}\n", 1)[1].replace("{{ '#!/usr/bin/python3 -I' }}", "#!/usr/bin/python3 -I") + lines + tail
+    """The program as the template renders it (common/_embed.py, without Ansible)."""
     program = tmp_path / "gid-start"
-    program.write_text(text)
+    program.write_text(_embed.program("fabric._gid_start", []))
     return program
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_facts import (
     NvidiaSmiParseError,
     build_facts,
     memory_mib,
@@ -14,7 +14,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts imp
     parse_table,
     parse_xml,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import parse_meminfo
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
+    parse_meminfo,
+)
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 

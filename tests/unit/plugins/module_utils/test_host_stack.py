@@ -15,12 +15,12 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.filter.preflight import FilterModule
-from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_facts import (
     build_facts,
     parse_query_csv,
     parse_table,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._host_stack import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._host_stack import (
     GIB,
     HostStackInputError,
     judge_clock,
@@ -31,7 +31,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._host_stack im
     judge_node,
     judge_versions,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._nccl_probe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._nccl_probe import (
     PROBE,
     judge_nccl,
     nccl_summary,

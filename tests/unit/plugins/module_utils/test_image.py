@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils import _image
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import ValidationError
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _image
 
 A, B = "a1" * 32, "b2" * 32
 REFERENCE = f"localhost/vllm:0.32.0@sha256:{A}"

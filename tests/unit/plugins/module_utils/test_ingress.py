@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The ingress (module_utils/_ingress.py, filter ingress.py) from case tables in test_ingress.yaml."""
+"""The ingress (module_utils/ingress/_ingress.py, filter ingress.py) from case tables in test_ingress.yaml."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.filter.ingress import FilterModule
-from ansible_collections.localinference.vllm.plugins.module_utils import _ingress
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.ingress import _ingress
 
 HERE = Path(__file__).resolve().parent
 CASES = yaml.safe_load((HERE / "test_ingress.yaml").read_text())

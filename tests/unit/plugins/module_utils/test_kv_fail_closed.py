@@ -5,12 +5,12 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._client_budget import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._client_budget import (
     ClientInputError,
     check_client_limits,
     plan_client,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model import (
     KvInputError,
     plan_kv,
 )

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._kv_model import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model import (
     KvInputError,
     fit_boots,
     group_boots,
@@ -232,7 +232,7 @@ def test_calibration_from_real_cpu_logs():
     """The lab's real CPU-vLLM boots: two calibrate, the others are predicted within 1%."""
     from pathlib import Path
 
-    from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
+    from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_log import (
         parse_log,
         to_observations,
     )
@@ -263,7 +263,7 @@ def test_calibration_from_real_hybrid_cpu_logs():
     """One sliding-window layer (512) + one full layer: T grows with L at fixed memory."""
     from pathlib import Path
 
-    from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
+    from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_log import (
         parse_log,
         to_observations,
     )

@@ -11,7 +11,7 @@ import struct
 import threading
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _manifest as m
+from ansible_collections.localinference.vllm.plugins.module_utils.weights import _manifest as m
 
 REV = "5eed0c0ffee0000000000000000000000000000a"
 

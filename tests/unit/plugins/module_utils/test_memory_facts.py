@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
     ProcParseError,
     memory_summary,
     other_users_processes,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _metrics
-from ansible_collections.localinference.vllm.plugins.module_utils._metrics import (
+from ansible_collections.localinference.vllm.plugins.module_utils.engine import _metrics
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._metrics import (
     MetricsError,
     delta,
     log_windows,

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The monitoring's configuration (module_utils/_monitoring_config.py): targets, files, ARGS.
+"""The monitoring's configuration (module_utils/monitoring/_monitoring_config.py): targets, files, ARGS.
 
 The vLLM targets come from the serve role's real ``serving.json`` shapes (the
 lab's head and headless worker, a Ray worker, a worker serving its own API);
@@ -18,11 +18,11 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.filter import monitoring
-from ansible_collections.localinference.vllm.plugins.module_utils import (
-    _monitoring_config as config,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.monitoring import (
+    _monitoring_config as config,
 )
 
 from tests.unit.plugins.module_utils.promtool import promtool

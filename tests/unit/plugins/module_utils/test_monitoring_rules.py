@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The monitoring's alerts and dashboard (module_utils/_monitoring_rules.py), checked by promtool.
+"""The monitoring's alerts and dashboard (module_utils/monitoring/_monitoring_rules.py), checked by promtool.
 
 ``test_monitoring_rules.promtool.yaml`` holds the alert tests (input series,
 expected alerts with their exact text); they run with ``promtool test rules``
@@ -20,9 +20,11 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.filter import monitoring
-from ansible_collections.localinference.vllm.plugins.module_utils import _monitoring_rules as rules
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.monitoring import (
+    _monitoring_rules as rules,
 )
 
 from tests.unit.plugins.module_utils.promtool import ROOT, promtool

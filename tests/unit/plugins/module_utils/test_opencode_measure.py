@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The agent_client role's measurements (module_utils/_opencode_measure.py) as case tables:
+"""The agent_client role's measurements (module_utils/client/_opencode_measure.py) as case tables:
 vLLM /metrics text and opencode ``run --format json`` output -> prompt floor or the error;
 SSE text -> the reasoning field."""
 
@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.filter.opencode import FilterModule
-from ansible_collections.localinference.vllm.plugins.module_utils import _opencode_measure as m
+from ansible_collections.localinference.vllm.plugins.module_utils.client import (
+    _opencode_measure as m,
+)
 
 MODEL = "localinference/tiny-deepseek"
 

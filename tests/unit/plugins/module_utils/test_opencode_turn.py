@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The rollout's agent turn (module_utils/_opencode_turn.py) as case tables: mode, check mode and
+"""The rollout's agent turn (module_utils/client/_opencode_turn.py) as case tables: mode, check mode and
 start -> whether it runs; saved client result, config and served models -> ready or why not;
 exit code, ``opencode run --format json`` transcript and stderr -> passed or the client's own error."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from ansible_collections.localinference.vllm.plugins.filter.opencode import FilterModule
-from ansible_collections.localinference.vllm.plugins.module_utils import _opencode_turn as t
+from ansible_collections.localinference.vllm.plugins.module_utils.client import _opencode_turn as t
 
 MODEL = "localinference/tiny-deepseek"
 CLIENT = {"model": MODEL, "max_model_len": 16384, "opencode_version": "1.18.33"}

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _ports
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _ports
 
 # /proc/net/tcp and tcp6 as a Debian 12 kernel prints them (header + LISTEN + ESTABLISHED).
 TCP = "\n".join(

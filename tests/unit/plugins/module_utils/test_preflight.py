@@ -16,12 +16,12 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.filter.preflight import FilterModule
-from ansible_collections.localinference.vllm.plugins.module_utils._gpu_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_facts import (
     build_facts,
     parse_query_csv,
     parse_table,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
     memory_summary,
     other_users_processes,
     parse_loadavg,
@@ -30,7 +30,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._memory_facts 
     parse_psi,
     shm_summary,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._preflight import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._preflight import (
     PreflightInputError,
     judge_cluster,
     rank_summary,

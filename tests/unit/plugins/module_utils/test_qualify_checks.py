@@ -10,10 +10,13 @@ import threading
 import time
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _qualify as Q
-from ansible_collections.localinference.vllm.plugins.module_utils._qualify_http import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify import _qualify as Q
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_http import (
     Client,
     HttpError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_run import (
+    run_check,
 )
 from ansible_collections.localinference.vllm.plugins.modules.qualify_check import (
     default_metrics_url,
@@ -86,7 +89,7 @@ def test_smoke_passes_on_the_recorded_answers():
         return usage_reply(16, stream=False)
 
     with FakeServer(answer) as server:
-        out = Q.run_check("smoke", target(server))
+        out = run_check("smoke", target(server))
     assert out["status"] == Q.J.PASS, out["why"]
     assert out["evidence"]["stream"]["reasoning_key"] == "reasoning"
     assert out["evidence"]["served_max_model_len"] == 8192
@@ -108,7 +111,7 @@ def test_tools_stream_is_compared_with_its_unstreamed_twin(stream, status, why):
         return sse(stream) if body.get("stream") else as_json(TOOLS)
 
     with FakeServer(answer) as server:
-        out = Q.run_check("tools_stream", target(server))
+        out = run_check("tools_stream", target(server))
     assert out["status"] == status
     assert why in out["why"]
 
@@ -120,7 +123,7 @@ def test_a_declared_limitation_never_hides_a_lost_stream():
         return as_json(TOOLS)
 
     with FakeServer(answer) as server:
-        out = Q.run_check("tools_stream", target(server, limitation="the model calls no tool"))
+        out = run_check("tools_stream", target(server, limitation="the model calls no tool"))
     assert out["status"] == Q.J.FAIL
 
 
@@ -142,7 +145,7 @@ def truncating(defective: bool):
 
 def test_truncated_tool_call_every_cut_says_length_or_holds_whole_json():
     with FakeServer(truncating(defective=False)) as server:
-        out = Q.run_check("truncated_tool_call", target(server))
+        out = run_check("truncated_tool_call", target(server))
     assert out["status"] == Q.J.PASS, out["why"]
     assert [c["max_tokens"] for c in out["evidence"]["cuts"]] == [11, 10, 9, 7]
     assert [c["finish_reason"] for c in out["evidence"]["cuts"]] == [
@@ -155,7 +158,7 @@ def test_truncated_tool_call_every_cut_says_length_or_holds_whole_json():
 
 def test_truncated_tool_call_reported_as_tool_calls_fails():
     with FakeServer(truncating(defective=True)) as server:
-        out = Q.run_check("truncated_tool_call", target(server))
+        out = run_check("truncated_tool_call", target(server))
     assert out["status"] == Q.J.FAIL
     assert "cut at 9 of 12 tokens" in out["why"] and "400" in out["why"]
 
@@ -165,7 +168,7 @@ def test_truncated_tool_call_without_a_call_is_not_meaningful():
         return usage_reply(10, stream=False)
 
     with FakeServer(answer) as server:
-        out = Q.run_check("truncated_tool_call", target(server))
+        out = run_check("truncated_tool_call", target(server))
     assert out["status"] == Q.J.NOT_MEANINGFUL
     assert "no complete tool call to cut" in out["why"]
 
@@ -184,7 +187,7 @@ def ladder(refuse_above: int):
 
 def test_context_ladder_as_predicted():
     with FakeServer(ladder(8192)) as server:
-        out = Q.run_check("context_ladder", target(server, needle=False))
+        out = run_check("context_ladder", target(server, needle=False))
     assert out["status"] == Q.J.PASS, out["why"]
     rungs = out["evidence"]["rungs"]
     assert [r["outcome"] for r in rungs] == ["accepted", "accepted", "accepted", "refused"]
@@ -194,15 +197,15 @@ def test_context_ladder_as_predicted():
 
 def test_context_ladder_refused_below_the_plan_fails():
     with FakeServer(ladder(3000)) as server:
-        out = Q.run_check("context_ladder", target(server, needle=False))
+        out = run_check("context_ladder", target(server, needle=False))
     assert out["status"] == Q.J.FAIL
     assert "was refused" in out["why"]
 
 
 def test_needle_without_a_declared_limitation_fails_and_with_one_is_not_meaningful():
     with FakeServer(ladder(8192)) as server:
-        failed = Q.run_check("context_ladder", target(server, fractions=[0.25]))
-        declared = Q.run_check("context_ladder", target(server, "random weights", fractions=[0.25]))
+        failed = run_check("context_ladder", target(server, fractions=[0.25]))
+        declared = run_check("context_ladder", target(server, "random weights", fractions=[0.25]))
     assert failed["status"] == Q.J.FAIL and "does not contain the needle" in failed["why"]
     assert declared["status"] == Q.J.PASS
     assert declared["evidence"]["needle"]["status"] == Q.J.NOT_MEANINGFUL
@@ -227,7 +230,7 @@ def concurrent(serialised: bool, seconds: float = 0.4):
 @pytest.mark.parametrize(("serialised", "status"), [(False, Q.J.PASS), (True, Q.J.FAIL)])
 def test_concurrency_without_metrics_judges_from_timings(serialised, status):
     with FakeServer(concurrent(serialised)) as server:
-        out = Q.run_check("concurrency", target(server, requests=3, max_tokens=64))
+        out = run_check("concurrency", target(server, requests=3, max_tokens=64))
     assert out["status"] == status, out["why"]
     assert "HTTP 404" in out["evidence"]["metrics_error"]
     if status == Q.J.FAIL:
@@ -275,7 +278,7 @@ def engine(serialised: bool, seconds: float = 0.6):
 @pytest.mark.parametrize(("serialised", "status"), [(False, Q.J.PASS), (True, Q.J.FAIL)])
 def test_concurrency_reads_the_running_gauge_during_the_burst(serialised, status):
     with FakeServer(engine(serialised)) as server:
-        out = Q.run_check("concurrency", target(server, requests=3, max_tokens=64))
+        out = run_check("concurrency", target(server, requests=3, max_tokens=64))
     assert out["status"] == status, out["why"]
     assert out["evidence"]["metrics_samples_during_the_burst"] > 0
     if serialised:
@@ -286,7 +289,7 @@ def test_concurrency_reads_the_running_gauge_during_the_burst(serialised, status
 
 def test_shared_prefix_without_readable_counters_fails_naming_metrics_url():
     with FakeServer(concurrent(False, 0.0)) as server:
-        out = Q.run_check("shared_prefix", target(server))
+        out = run_check("shared_prefix", target(server))
     assert out["status"] == Q.J.FAIL
     assert "metrics_url" in out["why"]
 
@@ -298,14 +301,14 @@ def test_shared_prefix_hits_that_never_rise_fail():
         return usage_reply(words(body) + 10, stream=False)
 
     with FakeServer(answer) as server:
-        out = Q.run_check("shared_prefix", target(server, requests=3, prefix_tokens=512))
+        out = run_check("shared_prefix", target(server, requests=3, prefix_tokens=512))
     assert out["status"] == Q.J.FAIL
     assert "prefix-cache hits rose by 0" in out["why"]
 
 
 def test_anthropic_messages_missing_is_not_meaningful():
     with FakeServer(lambda m, p, b: Reply(status=404, body=b'{"detail":"Not Found"}')) as server:
-        out = Q.run_check("anthropic_messages", target(server))
+        out = run_check("anthropic_messages", target(server))
     assert out["status"] == Q.J.NOT_MEANINGFUL
     assert "does not offer /v1/messages" in out["why"]
 
@@ -313,7 +316,7 @@ def test_anthropic_messages_missing_is_not_meaningful():
 def test_a_wrong_key_fails_naming_the_fix():
     body = b'{"error": {"message": "missing or wrong API key", "type": "invalid_api_key", "code": 401}}'
     with FakeServer(lambda m, p, b: Reply(status=401, body=body)) as server:
-        out = Q.run_check("responses_api", target(server))
+        out = run_check("responses_api", target(server))
     assert out["status"] == Q.J.FAIL
     assert "HTTP 401" in out["why"] and "qualify_api_key_file" in out["why"]
 
@@ -326,7 +329,7 @@ def test_a_stalled_stream_ends_at_the_deadline():
 
     with FakeServer(answer) as server:
         started = time.monotonic()
-        out = Q.run_check("reasoning_split", target(server, timeout=1.0))
+        out = run_check("reasoning_split", target(server, timeout=1.0))
         elapsed = time.monotonic() - started
     assert out["status"] == Q.J.FAIL
     assert "did not finish within the 1 s deadline" in out["why"]
@@ -380,4 +383,4 @@ def test_default_metrics_url(base, metrics):
 )
 def test_bad_params_are_named(check, params, message):
     with FakeServer(ladder(8192)) as server, pytest.raises(Q.QualifyInputError, match=message):
-        Q.run_check(check, target(server, **params))
+        run_check(check, target(server, **params))

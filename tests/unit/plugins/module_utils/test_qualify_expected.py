@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils._qualify_expected import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_expected import (
     ExpectedError,
     check_params,
     compare,
@@ -16,7 +16,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils._qualify_expec
     parse,
     reasons,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._qualify_report import figures
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_report import (
+    figures,
+)
 
 TABLE = yaml.safe_load(Path(__file__).with_suffix(".yaml").read_text())
 

@@ -12,9 +12,11 @@ import copy
 import json
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _qualify_judge as J
-from ansible_collections.localinference.vllm.plugins.module_utils._qualify_http import Event
-from ansible_collections.localinference.vllm.plugins.module_utils._qualify_tools import DEFAULT_TOOL
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify import _qualify_judge as J
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_http import Event
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_tools import (
+    DEFAULT_TOOL,
+)
 
 from .qualify_fake import recorded
 

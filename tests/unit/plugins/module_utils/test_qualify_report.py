@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._qualify_report import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_report import (
     ReportInputError,
     build,
     markdown,

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._rdma_facts import (
     RdmaParseError,
     gid_ipv4,
     gid_table,
@@ -15,7 +18,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils._rdma_facts im
     rdma_device_name,
     roce_v2_ipv4_index,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import ValidationError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ibv_devinfo"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._ready import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._ready import (
     SseError,
     SseReader,
     parse_show,

@@ -7,7 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
     Node,
     RecipeError,
     check,
@@ -21,7 +24,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe import
     serve_argv,
     unknown_flags,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import ValidationError
 
 HELP = (Path(__file__).parents[2] / "fixtures" / "vllm-0.32.0" / "serve-help-all.txt").read_text()
 FLAGS = parse_help_flags(HELP)

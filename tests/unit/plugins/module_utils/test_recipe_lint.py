@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe_lint import (
     RecipeInputError,
     lint_context,
     lint_offload,

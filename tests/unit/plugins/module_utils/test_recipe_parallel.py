@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
     Node,
     normalise,
     parse_help_flags,
@@ -23,7 +23,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils._recipe import
     serve_argv,
     unknown_flags,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe_lint import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe_lint import (
     RecipeInputError,
     gpus_in_devices,
     lint_parallel,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils._restart import verify_node
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._restart import verify_node
 
 HERE = Path(__file__).resolve().parent
 TABLE = yaml.safe_load((HERE / "test_restart.yaml").read_text())

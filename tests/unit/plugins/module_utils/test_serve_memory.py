@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A node's memory need and the guards derived from it (module_utils/_serve_memory.py, F4, F13).
+"""A node's memory need and the guards derived from it (module_utils/serve/_serve_memory.py, F4, F13).
 
 Case tables: recipe and node facts -> the need's parts; the role's knobs -> the refusal that
 names the role variable; a journal -> the guards' refusal lines.
@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _serve_memory as sm
-from ansible_collections.localinference.vllm.plugins.module_utils._validate import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _serve_memory as sm
 
 GIB = 1024**3
 MIB = 1024**2

@@ -88,7 +88,7 @@ def test_the_offload_program_reclaims_an_orphan_and_refuses_without_confirm(tmp_
 
 
 def test_the_embedded_sources_are_the_collections_files_byte_for_byte(tmp_path):
-    """The program loads exactly the module_utils files (the lookup strips the last newline)."""
+    """The program loads exactly the module_utils files, byte for byte."""
     program = install("shm_offload.j2", tmp_path / "shm-offload")
     probe = (
         "import runpy, sys\n"
@@ -105,4 +105,4 @@ def test_the_embedded_sources_are_the_collections_files_byte_for_byte(tmp_path):
     utils = ROOT / "plugins" / "module_utils"
     for chunk in filter(str.strip, done.stdout.split("\0\n")):
         name, _, text = chunk.partition(" ")
-        assert text.rstrip("\n") == (utils / f"{name}.py").read_text().rstrip("\n"), name
+        assert text == utils.joinpath(*name.split(".")).with_suffix(".py").read_text() + "\n", name

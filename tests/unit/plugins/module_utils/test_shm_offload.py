@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The evidence behind the /dev/shm offload reclaim (module_utils/_shm_offload.py), F13.
+"""The evidence behind the /dev/shm offload reclaim (module_utils/serve/_shm_offload.py), F13.
 
 Case tables for the pure parts (pattern, maps lines, container mounts, the verdict of two
 inspections) and a copied process table (``proc_root``) for what a root test cannot make the
@@ -17,8 +17,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _shm_offload as shm
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import Runner
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import Runner
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _shm_offload as shm
 
 PATTERNS = [
     ("vllm_offload_*.mmap", None),

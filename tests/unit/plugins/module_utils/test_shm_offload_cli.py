@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._shm_offload_cli import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._shm_offload_cli import (
     REFUSAL_MARKER,
     main,
 )

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""One node's stack record (module_utils/_stack_facts.py): parsers and the order of sources."""
+"""One node's stack record (module_utils/upgrade/_stack_facts.py): parsers and the order of sources."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _stack_facts as facts
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe import recipe_hash
-from ansible_collections.localinference.vllm.plugins.module_utils._stack_lock import node_problems
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import recipe_hash
+from ansible_collections.localinference.vllm.plugins.module_utils.upgrade import (
+    _stack_facts as facts,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.upgrade._stack_lock import (
+    node_problems,
+)
 
 ROOT = Path(__file__).resolve().parents[4]
 LOGS = ROOT / "tests" / "unit" / "fixtures" / "vllm-logs"

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The stack lockfile's judgement (module_utils/_stack_lock.py) from case tables.
+"""The stack lockfile's judgement (module_utils/upgrade/_stack_lock.py) from case tables.
 
 ``test_stack_lock.yaml`` holds the cases: two stacks -> the human diff lines; a
 lockfile read back -> the entries kept and the findings; a sequence of records
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils import _stack_lock as lock
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe import recipe_hash
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import recipe_hash
+from ansible_collections.localinference.vllm.plugins.module_utils.upgrade import _stack_lock as lock
 
 HERE = Path(__file__).resolve().parent
 CASES = yaml.safe_load((HERE / "test_stack_lock.yaml").read_text())

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Staging's node-side judgement (module_utils/_stage_checks.py) on recorded lab output."""
+"""Staging's node-side judgement (module_utils/serve/_stage_checks.py) on recorded lab output."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import stat
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._commands import Runner
-from ansible_collections.localinference.vllm.plugins.module_utils._stage_checks import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import Runner
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._stage_checks import (
     StageCheckError,
     all_active,
     capture_help,

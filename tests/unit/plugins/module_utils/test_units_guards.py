@@ -17,13 +17,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _serve_memory as sm
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
     Node,
     normalise,
     recipe_hash,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._units import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _serve_memory as sm
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._units import (
     HASH_MARKER,
     MANAGED_COMMENT,
     render_units,

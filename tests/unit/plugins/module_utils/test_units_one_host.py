@@ -17,20 +17,20 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils._fabric_single import (
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._fabric_single import (
     single_host,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._quadlet import (
-    exec_start,
-    run_time_conflicts,
-    split_dryrun,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
     make_node,
     normalise,
     recipe_hash,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._units import render_units
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._quadlet import (
+    exec_start,
+    run_time_conflicts,
+    split_dryrun,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._units import render_units
 from ansible_collections.localinference.vllm.tests.unit.plugins.module_utils.test_units_quadlet import (
     QUADLET,
     dryrun,

@@ -14,19 +14,19 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._quadlet import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
+    Node,
+    normalise,
+    recipe_hash,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._quadlet import (
     exec_start,
     podman_options,
     run_time_conflicts,
     split_dryrun,
     systemd_split,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._recipe import (
-    Node,
-    normalise,
-    recipe_hash,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils._units import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._units import (
     HASH_MARKER,
     UnitRenderError,
     model_location,

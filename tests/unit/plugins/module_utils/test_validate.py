@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _validate as v
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _validate as v
 
 DIGEST = "sha256:" + "ab" * 32
 

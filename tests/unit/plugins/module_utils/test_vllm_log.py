@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._log_text import unwrap
-from ansible_collections.localinference.vllm.plugins.module_utils._vllm_boot import line_worker
-from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._log_text import unwrap
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_boot import (
+    line_worker,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_log import (
     context_rejection,
     line_rank,
     parse_log,

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._vllm_log import (
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_log import (
     LogEmptyError,
     LogInputError,
     _unwrap,

@@ -11,21 +11,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _incidents as incidents
-from ansible_collections.localinference.vllm.plugins.module_utils._restart import restart_plan
-from ansible_collections.localinference.vllm.plugins.module_utils._watchdog_config import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._restart import restart_plan
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog import (
+    _incidents as incidents,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog_config import (
     ConfigError,
     build,
     check,
     node_config,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._watchdog_node import (
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog_node import (
     NodeError,
     parse_command,
     parse_kmsg,
     parse_show_blocks,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._watchdog_prom import render
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog_prom import (
+    render,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "watchdog"
@@ -239,7 +243,7 @@ def test_token_probe_a_silent_stream_is_a_timeout_and_a_closed_port_a_refusal() 
     import socket
     import threading
 
-    from ansible_collections.localinference.vllm.plugins.module_utils._token_probe import (
+    from ansible_collections.localinference.vllm.plugins.module_utils.serve._token_probe import (
         first_token,
     )
 

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils._watchdog_judge import judge
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog_judge import (
+    judge,
+)
 
 TABLE = yaml.safe_load((Path(__file__).with_suffix(".yaml")).read_text())
 

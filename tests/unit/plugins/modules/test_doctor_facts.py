@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _commands
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _commands
 from ansible_collections.localinference.vllm.plugins.modules import doctor_facts
 
 from tests.unit.module_helper import run_module

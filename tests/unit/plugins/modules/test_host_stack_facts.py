@@ -9,8 +9,12 @@ import json
 import sys
 from pathlib import Path
 
-from ansible_collections.localinference.vllm.plugins.module_utils._host_stack import judge_node
-from ansible_collections.localinference.vllm.plugins.module_utils._manifest import MANIFEST_FORMAT
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._host_stack import (
+    judge_node,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.weights._manifest import (
+    MANIFEST_FORMAT,
+)
 from ansible_collections.localinference.vllm.plugins.modules import host_stack_facts
 
 from ...module_helper import run_module

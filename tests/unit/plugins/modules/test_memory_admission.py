@@ -5,7 +5,7 @@ task fails with the one-line verdict), report-only, and bad options named."""
 
 from __future__ import annotations
 
-from ansible_collections.localinference.vllm.plugins.module_utils._admission import GIB
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._admission import GIB
 from ansible_collections.localinference.vllm.plugins.modules import memory_admission
 
 from ...module_helper import run_module

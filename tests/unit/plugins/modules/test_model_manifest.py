@@ -10,7 +10,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils import _manifest as m
+from ansible_collections.localinference.vllm.plugins.module_utils.weights import _manifest as m
 from ansible_collections.localinference.vllm.plugins.modules import model_manifest
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
 

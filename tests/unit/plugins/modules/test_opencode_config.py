@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""opencode_config and its judgement (module_utils/_opencode.py) from the case tables in
+"""opencode_config and its judgement (module_utils/client/_opencode.py) from the case tables in
 ``test_opencode_config.yaml``: configs -> findings with their numbers; module
 arguments and an existing file -> the file written, its mode, or the failure."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils import _opencode
+from ansible_collections.localinference.vllm.plugins.module_utils.client import _opencode
 from ansible_collections.localinference.vllm.plugins.modules import opencode_config
 
 from tests.unit.module_helper import run_module

@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._stage_checks import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._stage_checks import (
     help_cache_file,
 )
 from ansible_collections.localinference.vllm.plugins.modules import serving_state

@@ -277,7 +277,7 @@ def test_the_real_proc_with_a_process_root_cannot_read_refuses(files, no_podman)
 NOBODY_SURVEY = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.localinference.vllm.plugins.module_utils import _shm_offload as shm
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _shm_offload as shm
 verdict = shm.survey("/dev/shm", sys.argv[2], 65534, "nobody", settle=0.05)
 print(json.dumps({"refusals": verdict.refusals, "orphans": [e.path for e in verdict.orphans]}))
 """

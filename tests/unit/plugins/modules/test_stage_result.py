@@ -10,8 +10,8 @@ from ansible_collections.localinference.vllm.plugins.filter.stage import (
     findings_table,
     stage_hash,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils._findings import finding
-from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
+from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     StageResultError,
     check_document,
     inputs_hash,

@@ -8,7 +8,7 @@ import json
 from typing import ClassVar
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     StageResultError,
     check_document,
     inputs_hash,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils._stage_result import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     StageResultError,
     merge_watch,
     recorded_watch,

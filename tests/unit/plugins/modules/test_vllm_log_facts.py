@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 from ansible.module_utils import basic
-from ansible_collections.localinference.vllm.plugins.module_utils import _commands
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _commands
 from ansible_collections.localinference.vllm.plugins.modules import vllm_log_facts
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
 

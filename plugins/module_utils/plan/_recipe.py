@@ -1,0 +1,643 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The serving recipe: schema, normalisation, canonical hash, vLLM command lines.
+
+A recipe is one dict (inventory variable ``vllm_recipe``).  Its keys are vLLM's
+option names with underscores plus a few deployment keys (``DEPLOY_KEYS``).
+Everything here is pure: no AnsibleModule, no I/O, unit-tested on its own.
+Unit text (Quadlet / systemd) lives in ``_units.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._gid_start import (
+    parse_source as parse_gid_source,
+)
+
+SCHEMA_VERSION = 1
+HEX40 = re.compile(r"[0-9a-f]{40}")
+KEY = re.compile(r"[a-z][a-z0-9_]{0,63}")
+# A Hugging Face repository id; ``..`` and ``--`` are refused by the Hub too and would
+# make the snapshot path (models--org--name) ambiguous or escape it.
+MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(?:/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+VERSION = re.compile(r"[0-9][0-9A-Za-z.+_-]{0,63}")
+ULIMIT = re.compile(
+    r"(?P<name>as|core|cpu|data|fsize|locks|memlock|msgqueue|nice|nofile|nproc|rss|rtprio"
+    r"|rttime|sigpending|stack)=(?P<soft>-1|[0-9]{1,20})(?::(?P<hard>-1|[0-9]{1,20}))?"
+)
+# Deepest nesting accepted in a dict-valued vLLM option (speculative_config, ...).
+MAX_DEPTH = 8
+MAX_INT = 2**63 - 1
+
+# Deployment keys: how and where to run vLLM; never rendered as vLLM flags.
+DEPLOY_DEFAULTS: dict[str, Any] = {
+    "deploy_mode": "quadlet",
+    "executor_backend": "mp",
+    "ipc_host": False,
+    "privileged": False,
+    "extra_args": [],
+    "env": {},
+    "devices": [],
+    "podman_args": [],
+    "ulimits": ["memlock=-1:-1", "nofile=1048576:1048576", "stack=67108864:67108864"],
+    "cache_dir": "/var/cache/localinference/vllm",
+    "ray_port": 6379,
+    "entrypoint": "vllm",
+}
+DEPLOY_KEYS = frozenset(DEPLOY_DEFAULTS) | {
+    "model",
+    "revision",
+    "image",
+    "vllm_version",
+    "shm_size",
+}
+
+# vLLM options with defaults the collection always renders explicitly.
+VLLM_DEFAULTS: dict[str, Any] = {
+    "tensor_parallel_size": 1,
+    "host": "0.0.0.0",
+    "port": 8000,
+}
+
+# The renderer owns these; a recipe that sets them would fight the topology.
+RESERVED_KEYS = {
+    "distributed_executor_backend": "executor_backend",
+    "nnodes": "the inventory (one node per host in vllm_cluster)",
+    "node_rank": "the inventory (the head is rank 0)",
+    "master_addr": "the head's cluster address (cluster_network_env)",
+    "headless": "the node's role (workers run headless)",
+    "model_tag": "model",
+}
+
+INT_KEYS = {
+    "max_num_seqs": 1,
+    "max_num_batched_tokens": 1,
+    "kv_cache_memory_bytes": 1,
+    "tensor_parallel_size": 1,
+    "pipeline_parallel_size": 1,
+}
+PORT_KEYS = {"port", "master_port", "ray_port"}
+FLOAT_KEYS = {"gpu_memory_utilization", "kv_offloading_size"}
+BOOL_KEYS = {"enable_auto_tool_choice", "ipc_host", "privileged", "enforce_eager"}
+LIST_KEYS = {"extra_args", "devices", "podman_args", "ulimits"}
+
+
+class RecipeError(ValidationError):
+    """A recipe that cannot be served; the message names the key and the fix."""
+
+
+def _fail(key: str, problem: str, fix: str) -> RecipeError:
+    return RecipeError(f"vllm_recipe.{key}" if key else "vllm_recipe", problem, fix)
+
+
+def _name(key: str) -> str:
+    return f"vllm_recipe.{key}"
+
+
+def _as_int(key: str, value: Any, minimum: int) -> int:
+    return validate.integer(_name(key), value, minimum=minimum, maximum=MAX_INT)
+
+
+def _as_float(key: str, value: Any) -> float | int:
+    if key == "gpu_memory_utilization":
+        number = validate.number(_name(key), value)
+        if not 0 < number <= 1:
+            raise _fail(key, "must be in (0, 1]", "use a fraction such as 0.85")
+        return number
+    number = validate.number(_name(key), value, minimum=0)
+    return int(number) if number.is_integer() else number
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower() if isinstance(value, (str, int)) else ""
+    if text in {"true", "yes", "on", "1"}:
+        return True
+    if text in {"false", "no", "off", "0"}:
+        return False
+    raise _fail(key, f"expected true or false, got {validate.shown(value)}", "set a boolean")
+
+
+def _as_list(key: str, value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise _fail(key, f"expected a list, got {validate.shown(value)}", "write it as a YAML list")
+    return value
+
+
+def _ulimit(key: str, value: Any) -> str:
+    value = validate.systemd_value(key, value, max_length=128)
+    match = ULIMIT.fullmatch(value)
+    if match is None:
+        raise RecipeError(
+            key,
+            f"{value!r} is not a ulimit",
+            "write NAME=SOFT[:HARD] with NAME one of nofile, memlock, stack, nproc, core, ... "
+            "and -1 for unlimited, e.g. nofile=1048576:1048576",
+        )
+    soft, hard = match.group("soft"), match.group("hard")
+    if hard is not None and soft != "-1" and (hard != "-1" and int(soft) > int(hard)):
+        raise RecipeError(key, f"{value!r}: soft limit above hard limit", "set SOFT <= HARD")
+    return value
+
+
+def _entrypoint(value: Any) -> str:
+    name = _name("entrypoint")
+    value = validate.systemd_value(name, value, max_length=validate.MAX_PATH)
+    if "/" in value:
+        return validate.path(name, value)
+    if value.startswith("-"):
+        raise RecipeError(name, f"{value!r} reads as an option", "name the program, e.g. vllm")
+    return value
+
+
+def _option_value(name: str, value: Any, depth: int = 0) -> Any:
+    """Any other vLLM option: text, finite numbers, booleans, lists of them, nested dicts."""
+    if depth > MAX_DEPTH:
+        raise RecipeError(name, f"nested deeper than {MAX_DEPTH} levels", "flatten the value")
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return validate.integer(name, value, minimum=-MAX_INT, maximum=MAX_INT)
+    if isinstance(value, float):
+        return validate.number(name, value)
+    if isinstance(value, str):
+        return validate.text(name, value)
+    if isinstance(value, list):
+        return [_option_value(f"{name}[{i}]", item, depth + 1) for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        checked = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise RecipeError(name, f"key {key!r} is not a string", "use string keys")
+            validate.text(f"{name} key {validate.shown(key)}", key)
+            if item is not None:
+                checked[key] = _option_value(f"{name}.{key}", item, depth + 1)
+        return checked
+    raise RecipeError(
+        name, f"unsupported value {validate.shown(value)}", "use text, a number, a list or a dict"
+    )
+
+
+# --------------------------------------------------------------------------- one check per key
+
+
+def _model(value: Any) -> str:
+    model = validate.text(_name("model"), value, max_length=200)
+    if not MODEL_ID.fullmatch(model) or ".." in model or "--" in model:
+        raise _fail(
+            "model",
+            f"{model!r} is not a Hugging Face repository id",
+            "write ORG/NAME with letters, digits, '-', '_' and '.' (no '..' or '--')",
+        )
+    return model
+
+
+def _revision(value: Any) -> str:
+    revision = validate.text(_name("revision"), value, max_length=64).lower()
+    if not HEX40.fullmatch(revision):
+        raise _fail("revision", f"{value!r} is not a 40-hex commit", "pin the snapshot commit")
+    return revision
+
+
+def _served_model_name(value: Any) -> str | list[str]:
+    name = _name("served_model_name")
+    if not isinstance(value, list):
+        return validate.text(name, value, strip_ok=False, max_length=256)
+    if not value:
+        raise _fail("served_model_name", "is an empty list", "name the model or drop the key")
+    return [
+        validate.text(f"{name}[{i}]", s, strip_ok=False, max_length=256)
+        for i, s in enumerate(value)
+    ]
+
+
+def _one_of(key: str, what: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise _fail(key, f"unknown {what} {value!r}", f"use {' or '.join(choices)}")
+        return value
+
+    return check
+
+
+def _vllm_version(value: Any) -> str:
+    version = validate.systemd_value(_name("vllm_version"), value)
+    if not VERSION.fullmatch(version) or ".." in version:
+        raise _fail(
+            "vllm_version", f"{version!r} is not a release number", "write it as e.g. 0.32.0"
+        )
+    return version
+
+
+def _max_model_len(value: Any) -> int | str:
+    """A length, or ``plan`` (resolved by :func:`normalise`, kept by :func:`check`)."""
+    return value if value == "plan" else _as_int("max_model_len", value, 1)
+
+
+def _texts(key: str) -> Callable[[Any], list[str]]:
+    def check(value: Any) -> list[str]:
+        return [validate.text(f"{_name(key)}[{i}]", a) for i, a in enumerate(_as_list(key, value))]
+
+    return check
+
+
+def _extra_args(value: Any) -> list[str]:
+    args = _texts("extra_args")(value)
+    for token in args:
+        name = token.split("=", 1)[0]
+        if name.startswith("--") and name[2:].replace("-", "_") in RESERVED_KEYS:
+            raise _fail(
+                "extra_args", f"{name} is set by the collection", "remove it from extra_args"
+            )
+    return args
+
+
+def _devices(value: Any) -> list[str]:
+    return [
+        validate.device(f"{_name('devices')}[{i}]", d)
+        for i, d in enumerate(_as_list("devices", value))
+    ]
+
+
+def _ulimits(value: Any) -> list[str]:
+    return [
+        _ulimit(f"{_name('ulimits')}[{i}]", u) for i, u in enumerate(_as_list("ulimits", value))
+    ]
+
+
+def _env(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise _fail("env", "expected a dict", "write it as NAME: value pairs")
+    env = {}
+    for key, item in value.items():
+        name = validate.env_name(f"{_name('env')} key {validate.shown(key)}", key)
+        env[name] = validate.env_value(f"{_name('env')}.{name}", item)
+    return dict(sorted(env.items()))
+
+
+def _speculative_config(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail("speculative_config", "expected a dict", "write vLLM's JSON keys as YAML")
+    return _option_value(_name("speculative_config"), value)
+
+
+# Every key with a check of its own, in the order a recipe is checked (the first refusal
+# is reported); any other key is a vLLM option (_option_value). The image is checked
+# with the deploy mode (_image).
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "model": _model,
+    "revision": _revision,
+    "served_model_name": _served_model_name,
+    "deploy_mode": _one_of("deploy_mode", "mode", ("quadlet", "systemd")),
+    "vllm_version": _vllm_version,
+    "executor_backend": _one_of("executor_backend", "backend", ("mp", "ray")),
+    "max_model_len": _max_model_len,
+    **{key: partial(_as_int, key, minimum=minimum) for key, minimum in INT_KEYS.items()},
+    **{key: partial(validate.port, _name(key)) for key in sorted(PORT_KEYS)},
+    **{key: partial(_as_float, key) for key in sorted(FLOAT_KEYS)},
+    **{key: partial(_as_bool, key) for key in sorted(BOOL_KEYS)},
+    "host": partial(validate.host, _name("host")),
+    "extra_args": _extra_args,
+    "podman_args": _texts("podman_args"),
+    "devices": _devices,
+    "ulimits": _ulimits,
+    "cache_dir": partial(validate.path, _name("cache_dir")),
+    "entrypoint": _entrypoint,
+    "shm_size": partial(validate.size, _name("shm_size")),
+    "env": _env,
+    "speculative_config": _speculative_config,
+}
+
+
+def _keys(raw: Any) -> dict[str, Any]:
+    """The recipe's keys checked as option names, unset (None) values left out."""
+    if not isinstance(raw, dict):
+        raise _fail(
+            "",
+            f"expected a dict of vLLM options and deployment keys, got {validate.shown(raw)}",
+            "write vllm_recipe as a YAML mapping",
+        )
+    for key in raw:
+        if not isinstance(key, str) or not KEY.fullmatch(key):
+            raise _fail(
+                key if isinstance(key, str) and key.isprintable() else validate.shown(key),
+                "not an option name",
+                "use vLLM's option name with underscores",
+            )
+        if key in RESERVED_KEYS:
+            raise _fail(
+                key, "is set by the collection", f"remove it; it follows {RESERVED_KEYS[key]}"
+            )
+    return {key: value for key, value in raw.items() if value is not None}
+
+
+def _each_key(recipe: dict[str, Any]) -> dict[str, Any]:
+    """Every key checked on its own: the table's keys in its order, then the other options."""
+    others = sorted(recipe.keys() - _CHECKS.keys() - {"image"})
+    order = [key for key in _CHECKS if key in recipe] + others
+    checked = {
+        key: _CHECKS.get(key, partial(_option_value, _name(key)))(recipe[key]) for key in order
+    }
+    return {**recipe, **checked}
+
+
+def _image(recipe: dict[str, Any], required: bool) -> None:
+    """The image, pinned by digest for Quadlet (the default mode)."""
+    quadlet = recipe.get("deploy_mode", "quadlet") == "quadlet"
+    if "image" in recipe or (required and quadlet):
+        recipe["image"] = validate.image_reference(
+            _name("image"), recipe.get("image"), require_digest=quadlet
+        )
+
+
+def _refused(check: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """Run ``check``; any refusal becomes a :class:`RecipeError` naming ``vllm_recipe.<key>``."""
+    try:
+        return check(*args)
+    except RecipeError:
+        raise
+    except ValidationError as exc:
+        raise RecipeError(exc.name, exc.problem, exc.fix) from None
+
+
+def normalise(raw: dict[str, Any], plan_max_model_len: int | None = None) -> dict[str, Any]:
+    """Return the canonical recipe: defaults filled, types coerced, ``plan`` resolved.
+
+    Every value that reaches a unit file, a command line or a path is validated
+    here, once (``_validate``); a refusal is a :class:`RecipeError` naming
+    ``vllm_recipe.<key>``, the offending character or value and the fix.
+    Normalising an already normalised recipe returns it unchanged, so a recipe
+    read back from a node (for a rollback) hashes exactly as when written.
+    """
+    return _refused(_normalise, raw, plan_max_model_len)
+
+
+def check(raw: Any) -> dict[str, Any]:
+    """The keys a recipe sets, each checked as :func:`normalise` checks it.
+
+    For a recipe that need not be whole (the plan's lint, ``kv_budget``): no key is
+    required, no default is added and ``max_model_len: plan`` stays ``plan``; a refusal
+    is the same :class:`RecipeError`, so a value the rollout would refuse is refused
+    before the plan is saved.
+    """
+    return _refused(_check, raw)
+
+
+def _check(raw: Any) -> dict[str, Any]:
+    recipe = _each_key(_keys(raw))
+    _image(recipe, required=False)
+    return recipe
+
+
+def _normalise(raw: Any, plan_max_model_len: Any) -> dict[str, Any]:
+    recipe = _keys(raw)
+    for key, default in {**DEPLOY_DEFAULTS, **VLLM_DEFAULTS}.items():
+        recipe.setdefault(key, json.loads(json.dumps(default)))
+    for key in ("model", "revision"):
+        if recipe.get(key) in (None, ""):
+            raise _fail(key, "is required", "set the Hugging Face id and its pinned 40-hex commit")
+    if recipe["deploy_mode"] == "systemd" and not recipe.get("vllm_version"):
+        raise _fail(
+            "vllm_version",
+            "is required for deploy_mode systemd",
+            "set the vLLM release, e.g. 0.32.0",
+        )
+    recipe.setdefault("served_model_name", recipe["model"])
+    recipe = _each_key(recipe)
+    _image(recipe, required=True)
+    if recipe.get("max_model_len") == "plan":
+        if plan_max_model_len is None:
+            raise _fail(
+                "max_model_len",
+                "is 'plan' but no plan result is available",
+                "run the plan stage first (--tags plan; the rollout passes the saved plan) or set a number",
+            )
+        recipe["max_model_len"] = validate.integer(
+            "plan_max_model_len", plan_max_model_len, minimum=1, maximum=MAX_INT
+        )
+    if not recipe["ipc_host"]:
+        recipe.setdefault("shm_size", "1g")
+    return json.loads(canonical_json(recipe))
+
+
+def canonical_json(recipe: dict[str, Any]) -> str:
+    """Sorted keys, no whitespace, ASCII: the same bytes on every controller."""
+    return json.dumps(recipe, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def recipe_hash(recipe: dict[str, Any]) -> str:
+    """sha256 of the schema version and the canonical JSON of a normalised recipe."""
+    payload = f"localinference.vllm/recipe/v{SCHEMA_VERSION}\n{canonical_json(recipe)}"
+    return hashlib.sha256(payload.encode("ascii")).hexdigest()
+
+
+def vllm_options(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The recipe keys that are vLLM options (everything but deployment keys)."""
+    return {k: v for k, v in recipe.items() if k not in DEPLOY_KEYS}
+
+
+def option_flags(options: dict[str, Any]) -> list[str]:
+    """Render vLLM options as CLI arguments, in sorted key order.
+
+    ``True`` gives ``--flag``, ``False`` gives ``--no-flag`` (vLLM's boolean
+    options accept both); dicts become compact JSON; lists become nargs.
+    """
+    argv: list[str] = []
+    for key in sorted(options):
+        value = options[key]
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value, sort_keys=True, separators=(",", ":"))]
+        elif isinstance(value, list):
+            argv += [flag, *(str(item) for item in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+@dataclass
+class Node:
+    """Where one rank runs: its place in the cluster and its fabric environment."""
+
+    host: str
+    rank: int
+    nnodes: int
+    head_address: str
+    address: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    weights_path: str = ""
+    weights_digest: str = ""
+    # The RDMA port whose GID table the units read at every start (``_gid_start``):
+    # ``{hca, port, sys_root}``, empty where the fabric resolved none.
+    rdma: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def role(self) -> str:
+        return "head" if self.rank == 0 else "worker"
+
+
+# More nodes than any cluster this collection deploys; bounds the rank arithmetic.
+MAX_NODES = 1024
+
+
+def make_node(params: dict[str, Any], name: str = "node") -> Node:
+    """A validated :class:`Node` from the module's ``node`` option (the other boundary).
+
+    Host names and addresses, the environment and the weights path reach unit
+    files and command lines; each is checked here, once, and a refusal names
+    ``node.<key>``.  The rank range is the caller's check (it knows the message).
+    """
+    if not isinstance(params, dict):
+        raise ValidationError(
+            name, f"expected a dict, got {validate.shown(params)}", "describe the node"
+        )
+    env_raw = params.get("env") or {}
+    if not isinstance(env_raw, dict):
+        raise ValidationError(f"{name}.env", "expected a dict", "write it as NAME: value pairs")
+    env = {}
+    for key, value in env_raw.items():
+        key = validate.env_name(f"{name}.env key {validate.shown(key)}", key)
+        if value not in (None, ""):
+            env[key] = validate.env_value(f"{name}.env.{key}", value)
+    return Node(
+        host=validate.host(f"{name}.host", params.get("host")),
+        rank=validate.integer(f"{name}.rank", params.get("rank"), minimum=0, maximum=MAX_NODES),
+        nnodes=validate.integer(
+            f"{name}.nnodes", params.get("nnodes"), minimum=1, maximum=MAX_NODES
+        ),
+        head_address=validate.host(f"{name}.head_address", params.get("head_address")),
+        address=validate.host(f"{name}.address", params.get("address"), allow_empty=True),
+        env=dict(sorted(env.items())),
+        weights_path=validate.path(f"{name}.weights_path", params.get("weights_path")),
+        weights_digest=_weights_digest(f"{name}.weights_digest", params.get("weights_digest")),
+        rdma=parse_gid_source(f"{name}.rdma", params.get("rdma")),
+    )
+
+
+def _weights_digest(name: str, value: Any) -> str:
+    """Empty, or the 64 lower-case hex digits of a sha256 (the weights stage's content digest)."""
+    if value in (None, ""):
+        return ""
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ValidationError(
+            name,
+            f"{validate.shown(value)} is not a sha256",
+            "leave it empty or re-run the weights stage",
+        )
+    return value
+
+
+def serve_argv(recipe: dict[str, Any], node: Node, model_path: str) -> list[str] | None:
+    """The ``vllm serve`` arguments (after the ``vllm`` executable) for one node.
+
+    mp: every rank runs ``vllm serve`` with ``--nnodes/--node-rank/--master-addr``;
+    ranks other than 0 add ``--headless``.  ray: only the head runs ``vllm serve``
+    with ``--distributed-executor-backend ray`` once the Ray cluster has formed;
+    workers run no server (``None``).
+    """
+    backend = recipe["executor_backend"]
+    if backend == "ray" and node.rank != 0:
+        return None
+    argv = ["serve", model_path, *option_flags(vllm_options(recipe))]
+    argv += ["--distributed-executor-backend", backend]
+    if backend == "mp" and node.nnodes > 1:
+        argv += ["--nnodes", str(node.nnodes), "--node-rank", str(node.rank)]
+        argv += ["--master-addr", node.head_address]
+        if node.rank != 0:
+            argv.append("--headless")
+    return argv + list(recipe["extra_args"])
+
+
+def ray_argv(recipe: dict[str, Any], node: Node) -> list[str] | None:
+    """``ray start`` arguments for the Ray head or worker unit (ray backend, >1 node)."""
+    if recipe["executor_backend"] != "ray" or node.nnodes < 2:
+        return None
+    port = str(recipe["ray_port"])
+    argv = ["start", "--block", "--disable-usage-stats"]
+    if node.address:
+        argv += ["--node-ip-address", node.address]
+    if node.rank == 0:
+        return [*argv, "--head", "--port", port]
+    return [*argv, "--address", f"{node.head_address}:{port}"]
+
+
+def environment(recipe: dict[str, Any], node: Node, digest: str) -> dict[str, str]:
+    """Per-node environment: fabric variables, then the recipe's ``env``, then the hash."""
+    env = {str(k): str(v) for k, v in node.env.items() if v not in (None, "")}
+    env.update(recipe["env"])
+    if recipe["executor_backend"] == "ray":
+        # Ray's memory monitor mistakes page cache for pressure on unified memory.
+        env.setdefault("RAY_memory_monitor_refresh_ms", "0")
+        if node.rank == 0 and node.nnodes > 1:
+            env.setdefault("RAY_ADDRESS", f"{node.head_address}:{recipe['ray_port']}")
+    env["LOCALINFERENCE_RECIPE_HASH"] = digest
+    return dict(sorted(env.items()))
+
+
+def parse_help_flags(help_text: str) -> set[str]:
+    """Every ``--flag`` that ``vllm serve --help=all`` defines."""
+    flags: set[str] = set()
+    for line in help_text.splitlines():
+        if not line.startswith("  -"):
+            continue
+        spec = re.split(r"\s{2,}", line[2:], maxsplit=1)[0]
+        flags.update(re.findall(r"--[a-zA-Z0-9][a-zA-Z0-9-]*", spec))
+    return flags
+
+
+def unknown_flags(argv: list[str], flags: set[str]) -> list[str]:
+    """Flags in ``argv`` that the targeted vLLM release does not define."""
+    unknown = []
+    for token in argv:
+        if token.startswith("--"):
+            name = token.split("=", 1)[0]
+            if name not in flags and name not in unknown:
+                unknown.append(name)
+    return unknown
+
+
+def problems(recipe: dict[str, Any]) -> list[dict[str, Any]]:
+    """Deployment defects this module can see in a normalised recipe (F14, F17).
+
+    Capacity lint (F1, F3, F12, F15...) belongs to the plan's lint.
+    """
+    found = []
+    podman = recipe["podman_args"]
+    ipc_host = recipe["ipc_host"] or any(a in ("--ipc=host",) for a in podman)
+    if ipc_host and (recipe.get("shm_size") or any(a.startswith("--shm-size") for a in podman)):
+        found.append(
+            {
+                "id": "F14",
+                "blocking": True,
+                "message": "ipc_host with shm_size: Podman refuses --ipc=host together with "
+                "ShmSize= at run time; choose host IPC (drop shm_size) or a container "
+                "/dev/shm size (ipc_host: false)",
+            }
+        )
+    if recipe["privileged"] or "--privileged" in podman:
+        found.append(
+            {
+                "id": "F17",
+                "blocking": not recipe["privileged"],
+                "message": "--privileged grants every device and capability; list the GPUs in "
+                "devices (AddDevice=nvidia.com/gpu=N) and keep privileged: false",
+            }
+        )
+    return found

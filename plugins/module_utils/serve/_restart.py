@@ -1,0 +1,123 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one way the collection restarts a serving cluster, in the rollout's order.
+
+The rollout (``playbooks/rollout.yml``) and the watchdog restart a cluster the same way:
+
+1. **stop** every rank: on each node the units of ``serving.json``'s ``start_order`` in
+   reverse (the server before its runtime), the head first — :func:`stop_units`, which the
+   rollout's ``serving_state stop_live`` calls too;
+2. **verify** every node: the unit files on disk are exactly the ones ``serving.json``
+   records (checksums and recipe hash, F10) and, in the rollout, ``serving.json`` is exactly
+   what was rendered for the inventory's ask (the recipe and its hash, the image by digest,
+   the environment, the weights digest, the unit checksums) — :func:`verify_node`, the one
+   verifier of both (the rollout calls it through ``serving_state state=verified``);
+3. **start** the head's Ray unit (Ray only), the workers, then the head's server —
+   :func:`restart_plan` orders the nodes, :func:`start_units` starts one node's units;
+4. **prove** a streamed first token (the caller: ``serving_ready`` in the rollout, the
+   watchdog's token probe).
+
+The watchdog never changes a recipe: it restarts what the last rollout reconciled. A node
+whose files differ from its ``serving.json`` is not started (the rollout is the fix).
+
+No AnsibleModule here: the serving_state module and the watchdog program use this file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._stage_checks import (
+    StageCheckError,
+    read_unit_states,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._state import (
+    check_document,
+    differences,
+    unit_file_problems,
+)
+
+RAY_UNIT = "localinference-ray.service"
+# systemctl start of a Quadlet unit returns when the container started; a unit whose
+# ExecStartPre (the admission, the offload reclaim) refuses fails here.
+START_TIMEOUT = 600.0
+
+
+def stop_units(runner, start_order: Sequence[str], check_mode: bool = False) -> list[str]:
+    """Stop the node's running ``start_order`` units in reverse order; return those stopped.
+
+    A stopped (``kill -STOP``) process ignores SIGTERM: the units' own stop timeouts end it
+    with SIGKILL, so ``systemctl stop`` returns.
+    """
+    states = read_unit_states(runner, list(start_order))
+    running = [u for u in reversed(start_order) if states[u].get("ActiveState") != "inactive"]
+    if check_mode:
+        return running
+    for unit in running:
+        rc, _, err = runner.run(["systemctl", "stop", "--", unit])
+        if rc != 0:
+            raise StageCheckError(f"systemctl stop {unit} failed (rc {rc}): {err.strip()[:300]}")
+    return running
+
+
+def start_units(runner, units: Sequence[str]) -> list[str]:
+    """Start ``units`` in order; the first refusal stops it with systemd's own words."""
+    started = []
+    for unit in units:
+        rc, _, err = runner.run(["systemctl", "start", "--", unit], timeout=START_TIMEOUT)
+        if rc != 0:
+            raise StageCheckError(
+                f"systemctl start {unit} failed (rc {rc}): {err.strip()[:300]}; "
+                f"journalctl -u {unit} says why"
+            )
+        started.append(unit)
+    return started
+
+
+def verify_node(
+    document: Any,
+    unit_dirs: Sequence[str],
+    read: Callable[[str], str | None],
+    wanted: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The node's reconciled state against its unit files: ``{ok, start_order, problems}``.
+
+    ``document`` is ``serving.json`` as read back from the node (schema-checked here, never
+    trusted). With ``wanted`` (the document rendered for the inventory's ask, as the rollout
+    has it) every difference from it is a problem too; without it (the watchdog) the node is
+    checked against its own record only: the watchdog never changes a recipe.
+    """
+    trusted, problems = check_document(document, tuple(unit_dirs))
+    if trusted["valid"]:
+        problems = differences(document, dict(wanted)) if wanted is not None else []
+        problems += unit_file_problems(trusted, read)
+    return {"ok": not problems, "start_order": trusted["start_order"], "problems": problems}
+
+
+def restart_plan(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The ordered steps of a restart across ``nodes``.
+
+    ``nodes``: ``{name, rank, start_order}`` with rank 0 the head. Steps are
+    ``{step, node, units}`` with step ``stop``, ``verify``, ``start``; the caller proves a
+    streamed token after the last one. Raises ValueError when there is no single head.
+    """
+    heads = [n for n in nodes if n["rank"] == 0]
+    if len(heads) != 1:
+        raise ValueError(f"a restart needs exactly one node of rank 0, got {len(heads)}")
+    head = heads[0]
+    workers = sorted((n for n in nodes if n["rank"] != 0), key=lambda n: n["rank"])
+    ordered = [head, *workers]
+    steps = [{"step": "stop", "node": n["name"], "units": list(n["start_order"])} for n in ordered]
+    steps += [{"step": "verify", "node": n["name"], "units": []} for n in ordered]
+    head_ray = [u for u in head["start_order"] if u == RAY_UNIT]
+    if head_ray:
+        steps.append({"step": "start", "node": head["name"], "units": head_ray})
+    steps += [
+        {"step": "start", "node": n["name"], "units": list(n["start_order"])}
+        for n in workers if n["start_order"]
+    ]
+    rest = [u for u in head["start_order"] if u != RAY_UNIT]
+    if rest:
+        steps.append({"step": "start", "node": head["name"], "units": rest})
+    return steps

@@ -1,0 +1,288 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The watchdog's judgement of one look at the cluster: signs, verdict, action.
+
+Pure: a look (what the probes read, see ``_watchdog.look``) and the state carried from the
+previous look go in; findings, the verdict, the action and the next state come out. Case
+table: ``tests/unit/plugins/module_utils/test_watchdog_judge.yaml``.
+
+Verdicts (roles/watchdog/README.md):
+
+- ``down``: a serving unit failed, exited or was restarted by systemd alone (a TP cluster
+  with one rank restarted cannot rejoin), or the engine has not answered ``/health`` on two
+  looks although its units are active past the boot grace; the ingress unit failed (the
+  engine streams directly): ``down`` with target ``ingress``;
+- ``wedged``: on two consecutive looks, no streamed token while ``/health`` answers and the
+  engine's token counters (prompt and generated) stand still (F28), or requests running while
+  they stand still; a probe that misses its deadline while the counters move is a saturated
+  engine: degraded, no action;
+- ``degraded``: warn, no action: fabric drift (MTU, GID index, link), kernel events (Xid,
+  AER, OOM kill), memory pressure, a first wedge sign, a booting engine, a cluster link
+  that is down or runs below its MTU (a restart cannot help while the ranks cannot meet);
+- ``unknown``: the token probe could not run (no key, no config) or a node did not answer:
+  evidence that could not be read never restarts anything;
+- ``healthy``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
+
+WEDGE_LOOKS = 2
+F28_FIX = (
+    "the watchdog restarts the cluster in the rollout's order (watchdog_recover); by hand: "
+    "ansible-playbook site.yml --tags rollout (its probe sees no token and restarts every rank); "
+    "read the kernel log for NCCL or Xid errors"
+)
+
+
+def _unit_problem(show: Mapping[str, Any], grace_s: float) -> tuple[str | None, bool]:
+    """(why the unit is down, whether it is still starting) from its ``systemctl show``."""
+    active = show.get("ActiveState")
+    if show.get("LoadState") not in (None, "loaded"):
+        return f"not loaded ({show.get('LoadState')})", False
+    if active == "failed":
+        return f"failed ({show.get('Result') or 'unknown result'})", False
+    if show.get("SubState") == "auto-restart":
+        return "exited; systemd is restarting it alone", False
+    if active in ("inactive", "deactivating"):
+        return f"{active} (stopped or exited)", False
+    if active in ("activating", "reloading"):
+        return None, True
+    age = show.get("active_for_s")
+    return None, isinstance(age, (int, float)) and age < grace_s
+
+
+def _restarted(show: Mapping[str, Any], before: Mapping[str, Any] | None) -> bool:
+    now, then = show.get("NRestarts"), (before or {}).get("NRestarts")
+    return isinstance(now, int) and isinstance(then, int) and now > then
+
+
+def node_signs(name: str, node: Mapping[str, Any], expect: Mapping[str, Any],
+               previous: Mapping[str, Any] | None, grace_s: float) -> dict[str, Any]:
+    """One node's evidence judged: ``{down, starting, link_down, findings}``."""
+    out: dict[str, Any] = {"down": [], "starting": False, "link_down": False, "mtu_low": False,
+                           "findings": []}
+    if not node.get("reachable"):
+        out["findings"].append(finding(
+            "watchdog-evidence", "warning",
+            f"{name}: no evidence this look ({str(node.get('error'))[:200]})",
+            "check the node and the cluster link; the watchdog does not act on evidence it cannot read",
+            host=name))
+        out["unreachable"] = True
+        return out
+    for unit, show in (node.get("units") or {}).items():
+        problem, starting = _unit_problem(show, grace_s)
+        if problem is None and _restarted(show, ((previous or {}).get("units") or {}).get(unit)):
+            problem = "restarted by systemd alone (a rank cannot rejoin its tensor-parallel group)"
+        if problem:
+            out["down"].append(f"{name}: {unit} {problem}")
+        out["starting"] |= starting
+    for link in node.get("links") or []:
+        want = expect.get("mtu")
+        ifname = link.get("ifname")
+        if not link.get("up"):
+            out["link_down"] = True
+            out["findings"].append(finding(
+                "F19", "warning", f"{name}: cluster interface {ifname} is down ({link.get('state')})",
+                "bring the link back (cable, switch port, nmcli connection up); the engine cannot "
+                "serve across nodes without it", host=name, kind="link"))
+        elif want and link.get("mtu") != want:
+            # Below fabric.json's MTU the larger frames of the ranks' exchange are dropped
+            # without a word: the engine stalls, and no restart can help until it is fixed.
+            out["mtu_low"] |= isinstance(link.get("mtu"), int) and link["mtu"] < want
+            out["findings"].append(finding(
+                "F19", "warning",
+                f"{name}: {ifname} runs MTU {link.get('mtu')}, fabric.json says {want}",
+                "something changed the MTU behind the collection's back: "
+                "ansible-playbook site.yml --tags fabric", host=name, kind="mtu"))
+    gid, want_gid = node.get("gid_index"), expect.get("gid_index")
+    if want_gid is not None and gid != want_gid:
+        out["findings"].append(finding(
+            "F20", "warning",
+            f"{name}: the RoCE v2 GID index is {gid}, fabric.json says {want_gid}",
+            "the serving units take the table's index at each start (gid-start logs the move in "
+            "their journal); an engine started before the move keeps the old one: re-run the "
+            "fabric stage (--tags fabric) and restart the engine in a quiet moment",
+            host=name, kind="gid"))
+    for event in node.get("kernel") or []:
+        out["findings"].append(finding(
+            {"xid": "watchdog-xid", "aer": "watchdog-aer", "oom": "F4"}.get(event["kind"], "watchdog-kernel"),
+            "warning", f"{name}: kernel: {event['line'][:240]}",
+            {"xid": "look the Xid up in NVIDIA's Xid catalog; a recurring one needs a node reboot",
+             "aer": "a PCIe error: reseat or replace the card or cable",
+             "oom": "memory ran out: lower gpu_memory_utilization or the KV size (F4)"}.get(event["kind"], ""),
+            host=name, kind=event["kind"]))
+    psi, limit = node.get("psi_some_avg10"), expect.get("psi_limit")
+    if isinstance(psi, (int, float)) and isinstance(limit, (int, float)) and psi > limit:
+        out["findings"].append(finding(
+            "F4", "warning", f"{name}: memory pressure {psi:g}% (PSI some avg10, limit {limit:g}%)",
+            "another tenant or the page cache is squeezing the engine (F4)", host=name, kind="psi"))
+    avail, need = node.get("mem_available_bytes"), expect.get("min_available_bytes")
+    if isinstance(avail, int) and isinstance(need, int) and avail < need:
+        out["findings"].append(finding(
+            "F4", "warning",
+            f"{name}: {avail / 2**30:.1f} GiB available, below the {need / 2**30:.1f} GiB the admission keeps",
+            "a restart would be refused by the admission: free memory on the node first",
+            host=name, kind="memory"))
+    return out
+
+
+def _progress(metrics: Mapping[str, Any], previous: Mapping[str, Any] | None) -> float | None:
+    """Tokens the engine processed (prompt and generated) since the last look; None when unknown."""
+    if not previous or "error" in metrics or "error" in previous:
+        return None
+    moved = [metrics[key] - previous[key] for key in ("generation_tokens", "prompt_tokens")
+             if isinstance(metrics.get(key), (int, float)) and isinstance(previous.get(key), (int, float))]
+    return sum(max(0, m) for m in moved) if moved else None
+
+
+def _stalled(metrics: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str | None:
+    """Requests running and no token processed (prompt or generated) since the last look."""
+    running = metrics.get("running")
+    if not isinstance(running, (int, float)) or running <= 0 or _progress(metrics, previous) != 0:
+        return None
+    return f"{running:g} request(s) running and no token processed since the last look"
+
+
+def busy(look: Mapping[str, Any], previous: Mapping[str, Any] | None) -> float:
+    """Tokens the engine processed since the last look, over every node that serves metrics.
+
+    A long prefill or a full batch can keep the probe's first token past its deadline; an
+    engine whose counters move is saturated, not wedged (a stopped rank moves nothing).
+    """
+    return sum(_progress(metrics, ((previous or {}).get("metrics") or {}).get(name)) or 0
+               for name, metrics in (look.get("metrics") or {}).items())
+
+
+def wedge_sign(look: Mapping[str, Any], previous: Mapping[str, Any] | None, moved: float) -> str | None:
+    """Why this look shows a wedged engine (F28), or None; ``moved`` is :func:`busy` of the look."""
+    token, engine = look.get("token") or {}, look.get("engine") or {}
+    if (token.get("ok") is False and engine.get("health") == 200 and engine.get("token_ok") is not True
+            and not moved):
+        return (f"no token within {token.get('deadline_s')} s ({str(token.get('error'))[:160]}) "
+                "while /health answers 200")
+    for name, metrics in (look.get("metrics") or {}).items():
+        stall = _stalled(metrics, ((previous or {}).get("metrics") or {}).get(name))
+        if stall:
+            return f"{name}: {stall}"
+    return None
+
+
+def _budget(state: Mapping[str, Any], now: float, cfg: Mapping[str, Any]) -> list[float]:
+    return [t for t in state.get("restarts", []) if now - t < cfg["restart_window_s"]]
+
+
+def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Judge one look: ``{verdict, target, evidence, findings, action, state}``.
+
+    ``state``: ``{bad_looks, first_bad_at, previous, restarts}`` from the last call (``{}``
+    at first). ``cfg``: ``recover``, ``max_restarts``, ``restart_window_s``,
+    ``boot_grace_s`` and ``expect`` per node (``mtu``, ``gid_index``, ``psi_limit``,
+    ``min_available_bytes``).
+    """
+    now = look["time"]
+    previous = state.get("previous") or {}
+    findings: list[dict[str, Any]] = []
+    down, starting, link_down, mtu_low, unreachable = [], False, False, False, []
+    for name, node in (look.get("nodes") or {}).items():
+        signs = node_signs(name, node, cfg["expect"].get(name, {}),
+                           (previous.get("nodes") or {}).get(name), cfg["boot_grace_s"])
+        findings += signs["findings"]
+        down += signs["down"]
+        starting |= signs["starting"]
+        link_down |= signs["link_down"]
+        mtu_low |= signs["mtu_low"]
+        if signs.get("unreachable"):
+            unreachable.append(name)
+    token, engine = look.get("token") or {}, look.get("engine") or {}
+    ingress = look.get("ingress_unit") or {}
+    moved = busy(look, previous)
+    wedge = wedge_sign(look, previous, moved)
+    no_answer = token.get("ok") is False and engine.get("health") != 200
+    next_state = {"previous": look, "restarts": _budget(state, now, cfg),
+                  "bad_looks": 0, "first_bad_at": None, "ingress_bad_looks": 0}
+
+    verdict, target, evidence = "healthy", None, "the endpoint streams a token"
+    if token.get("ok") is None:
+        verdict, evidence = "unknown", f"the token probe did not run: {str(token.get('error'))[:200]}"
+    if down:
+        verdict, target, evidence = "down", "engine", "; ".join(down)[:500]
+        next_state.update(first_bad_at=state.get("first_bad_at") or now)
+    elif unreachable and token.get("ok") is not True:
+        verdict = "degraded"
+        evidence = (f"{', '.join(unreachable)} unreachable over the cluster link and no token: "
+                    "waiting for the link (a restart cannot help while the ranks cannot meet)")
+    elif link_down and token.get("ok") is not True:
+        verdict, evidence = "degraded", "the cluster link is down: waiting for it, no restart"
+    elif mtu_low and token.get("ok") is not True:
+        verdict, evidence = "degraded", ("the cluster link runs below fabric.json's MTU, so the ranks' "
+                                         "larger frames are dropped: waiting for it, no restart")
+    elif starting and token.get("ok") is not True and engine.get("health") != 200:
+        verdict, evidence = "degraded", "the engine is starting (within the boot grace): no verdict yet"
+    elif token.get("ok") is False and engine.get("health") == 200 and moved:
+        verdict = "degraded"
+        evidence = (f"no token within {token.get('deadline_s')} s, but the engine processed "
+                    f"{moved:g} tokens since the last look: saturated, not wedged")
+    elif wedge or no_answer:
+        bad = int(state.get("bad_looks", 0)) + 1
+        first = state.get("first_bad_at") or now
+        next_state.update(bad_looks=bad, first_bad_at=first)
+        sign = wedge or (f"the engine has not answered /health ({engine.get('health')}) "
+                         "although its units are active")
+        evidence = f"{sign} ({bad} look{'s' if bad > 1 else ''})"
+        if bad >= WEDGE_LOOKS:
+            verdict, target = ("wedged" if wedge else "down"), "engine"
+            findings.append(finding("F28", "error", f"the engine answers /health but streams no token: {sign}",
+                                    F28_FIX) if wedge else finding(
+                "watchdog-no-answer", "error", sign, "the watchdog restarts it in the rollout's order"))
+        else:
+            verdict = "degraded"
+    elif token.get("ok") is False and engine.get("token_ok") is True:
+        # On two consecutive looks, as a wedge: at the edge of an engine's boot the ingress's
+        # probe can meet the engine a moment before it answers and the direct one after.
+        bad = int(state.get("ingress_bad_looks", 0)) + 1
+        next_state["ingress_bad_looks"] = bad
+        stopped = ingress.get("ActiveState") in ("failed", "inactive")
+        verdict, target = ("down", "ingress") if stopped or bad >= WEDGE_LOOKS else ("degraded", None)
+        evidence = (f"the engine streams directly but not through the ingress "
+                    f"({str(token.get('error'))[:160]}; {ingress.get('ActiveState', 'unit state unknown')}; "
+                    f"{bad} look{'s' if bad > 1 else ''})")
+    elif ingress.get("ActiveState") in ("failed", "inactive"):
+        verdict, target = "down", "ingress"
+        evidence = f"the ingress unit is {ingress.get('ActiveState')}"
+    if token.get("ok") is True:
+        next_state["last_good_at"] = now
+    else:
+        next_state["last_good_at"] = state.get("last_good_at")
+    if verdict == "healthy" and findings:
+        verdict = "degraded"
+        evidence = findings[0]["message"]
+
+    action = "none"
+    if verdict in ("wedged", "down"):
+        if not cfg["recover"]:
+            action = "page"
+        elif len(next_state["restarts"]) >= cfg["max_restarts"]:
+            action = "page"
+            findings.append(finding(
+                "watchdog-budget", "error",
+                f"restart budget spent: {len(next_state['restarts'])} restart(s) within "
+                f"{cfg['restart_window_s']:g} s; the watchdog only pages now",
+                "a restart loop hides the cause: read the incidents and the engine's log"))
+        else:
+            action = "restart-ingress" if target == "ingress" else "restart"
+    elif verdict == "degraded" and token.get("ok") is not True and (link_down or mtu_low or unreachable or starting):
+        action = "hold"
+    return {"verdict": verdict, "target": target, "evidence": evidence, "findings": findings,
+            "action": action, "state": next_state,
+            "detect_seconds": _detect(state, next_state, now) if verdict in ("wedged", "down") else None}
+
+
+def _detect(state: Mapping[str, Any], next_state: Mapping[str, Any], now: float) -> float:
+    """Seconds from the last look that streamed a token (the fault is younger) to the verdict."""
+    since = state.get("last_good_at") or next_state.get("first_bad_at") or now
+    return max(0.0, now - since)

@@ -1,0 +1,51 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The tree shows the pipeline: plugins/module_utils has one folder per stage (and common/,
+engine/ for what every stage shares), and no module imports, directly or through others,
+a module that imports it back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _embed
+
+ROOT = Path(__file__).resolve().parents[2]
+UTILS = ROOT / "plugins" / "module_utils"
+# The stage table (README) in pipeline order, then what every stage shares.
+STAGES = ["preflight", "fabric", "weights", "plan", "serve", "ingress", "watchdog", "monitoring",
+          "client", "qualify", "doctor", "upgrade"]
+SHARED = ["common", "engine"]
+
+
+def test_every_module_is_in_a_stage_folder() -> None:
+    loose = sorted(p.name for p in UTILS.glob("*.py") if p.name != "__init__.py")
+    assert loose == [], f"module_utils files outside a stage folder: {loose}"
+    folders = sorted(p.name for p in UTILS.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == sorted(STAGES + SHARED)
+    for folder in folders:
+        assert (UTILS / folder / "__init__.py").is_file(), f"{folder}/ has no __init__.py"
+
+
+def test_no_import_cycle() -> None:
+    for name in _embed.modules():
+        _embed.closure(name)  # raises with the cycle named
+
+
+def test_the_shared_folders_import_no_stage() -> None:
+    for name in _embed.modules():
+        if name.split(".")[0] in SHARED:
+            stages = {dep.split(".")[0] for dep in _embed.imports(name)} - set(SHARED)
+            assert not stages, f"{name} (shared) imports from the stages {sorted(stages)}"
+
+
+def test_a_cycle_is_named(monkeypatch) -> None:
+    # the check itself: a module that imports itself through another is refused by name
+    fake = {"a._x": ["b._y"], "b._y": ["a._x"]}
+    monkeypatch.setattr(_embed, "imports", fake.__getitem__)
+    try:
+        _embed.closure("a._x")
+    except ValueError as err:
+        assert str(err) == "import cycle in plugins/module_utils: a._x -> b._y -> a._x"
+    else:
+        raise AssertionError("the cycle was not found")
