@@ -39,6 +39,9 @@ from typing import Any
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._files import (
+    read_text_or_none,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._rdma_facts import (
     live_roce_v2_index,
     rdma_device_name,
@@ -170,11 +173,8 @@ def write_env(path: str, index: int) -> None:
 def _read(path: str) -> str | None:
     # An unused slot's type or netdev fails with EINVAL on a real kernel: None, as the
     # watchdog's reader does.
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read(65536).strip()
-    except (OSError, UnicodeDecodeError):
-        return None
+    text = read_text_or_none(path, 65536)
+    return None if text is None else text.strip()
 
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:

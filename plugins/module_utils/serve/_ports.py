@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common._files import read_bytes
+
 TCP_LISTEN = "0A"
 _SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
 
@@ -73,8 +75,7 @@ def parse_proc_net_tcp(text: str) -> list[tuple[int, str, int]]:
 
 
 def _read(path: Path, limit: int = 1 << 20) -> str:
-    with open(path, "rb") as handle:
-        return handle.read(limit).decode("utf-8", "replace")
+    return read_bytes(str(path), limit).decode("utf-8", "replace")
 
 
 def socket_owners(proc: Path, inodes: set[int]) -> dict[int, int]:

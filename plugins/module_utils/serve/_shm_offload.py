@@ -42,6 +42,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
     CommandError,
     Runner,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._files import read_bytes
 
 DEFAULT_PATTERN = "vllm_offload_*.mmap"
 MAX_DIR_ENTRIES = 100_000
@@ -238,14 +239,6 @@ class ProcScan:
         self.holders.setdefault(key, {}).setdefault(pid, set()).add(how)
 
 
-def _read_bounded(path: str, limit: int) -> bytes:
-    with open(path, "rb") as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise OverflowError(f"{path} is larger than {limit} bytes")
-    return data
-
-
 def _parse_maps_line(line: bytes) -> tuple[Key | None, bytes] | None:
     """(dev/inode key or None for anonymous, path) of one maps line; None when unparseable."""
     parts = line.split(None, 5)
@@ -277,7 +270,7 @@ def _scan_one(
     base = os.path.join(proc_root, str(pid))
     maps = os.path.join(base, "maps")
     try:
-        data = _read_bounded(maps, MAX_MAPS_BYTES)
+        data = read_bytes(maps, MAX_MAPS_BYTES, whole=True)
     except OSError as exc:
         if exc.errno in _VANISHED and _gone(proc_root, pid):
             return  # exited between listing and reading: it maps nothing any more
@@ -335,7 +328,7 @@ def hidden_processes(proc_root: str, mountinfo: str = "/proc/self/mountinfo") ->
     if os.geteuid() == 0:
         return None
     try:
-        text = _read_bounded(mountinfo, MAX_MAPS_BYTES).decode("utf-8", "replace")
+        text = read_bytes(mountinfo, MAX_MAPS_BYTES, whole=True).decode("utf-8", "replace")
     except (OSError, OverflowError) as exc:
         return f"cannot read {mountinfo} to check for hidepid: {exc}"
     for line in text.splitlines():

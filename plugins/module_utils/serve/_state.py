@@ -19,6 +19,7 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common._files import read_bytes
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
     Node,
     canonical_json,
@@ -77,10 +78,11 @@ def read_text(path: str, max_bytes: int = MAX_STATE_BYTES) -> str | None:
     if info.st_size > max_bytes:
         raise StateFileError(f"{path} is {info.st_size} bytes, more than {max_bytes} (not ours)")
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
+        data = read_bytes(path, max_bytes, whole=True)
     except OSError as exc:
         raise StateFileError(f"{path} cannot be read ({exc.strerror})") from None
+    except OverflowError:
+        raise StateFileError(f"{path} grew past {max_bytes} bytes while read (not ours)") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

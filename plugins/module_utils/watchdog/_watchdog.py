@@ -26,6 +26,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
     CommandError,
     Runner,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._files import read_text
 from ansible_collections.localinference.vllm.plugins.module_utils.engine._metrics import (
     MetricsError,
     summarise,
@@ -66,8 +67,7 @@ def log(message: str) -> None:
 
 def read_key(path: str) -> str:
     """The ingress key from its env file (``_ingress.key_from_env_file``); never printed."""
-    with open(path, encoding="utf-8") as handle:
-        return key_from_env_file(handle.read(4096), path)
+    return key_from_env_file(read_text(path, 4096), path)
 
 
 class Watchdog:
@@ -153,8 +153,7 @@ class Watchdog:
     def held(self) -> str | None:
         """Why the watchdog must not act now (a rollout holds the cluster), or None."""
         try:
-            with open(self.cfg["hold_path"], encoding="utf-8") as handle:
-                until = float(handle.read(64).strip() or 0)
+            until = float(read_text(self.cfg["hold_path"], 64).strip() or 0)
         except (OSError, ValueError):
             return None
         return f"a rollout holds the cluster until {time.strftime('%H:%M:%S', time.localtime(until))}" \

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._files import read_text
 from ansible_collections.localinference.vllm.plugins.module_utils.ingress._ingress import (
     caddy_base,
     caddy_ca,
@@ -160,8 +161,7 @@ def _expect(name: str, expect: Mapping[str, Any]) -> dict[str, Any]:
 
 def load_config(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as handle:
-            return check(json.loads(handle.read(1024 * 1024)))
+        return check(json.loads(read_text(path, 1024 * 1024)))
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror or exc}; run the watchdog role") from None
     except ValueError as exc:

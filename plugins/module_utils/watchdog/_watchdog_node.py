@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _files
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._rdma_facts import (
     live_roce_v2_index,
 )
@@ -157,11 +158,8 @@ def link_state(ifname: str, read) -> dict[str, Any]:
 
 
 def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read(65536).strip()
-    except (OSError, UnicodeDecodeError):
-        return None
+    text = _files.read_text_or_none(path, 65536)
+    return None if text is None else text.strip()
 
 
 def _serving(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -239,7 +237,6 @@ def run_verb(verb: str, cfg: Mapping[str, Any], runner, cursor: int | None = Non
 
 def _read_unit(path: str) -> str | None:
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read(1024 * 1024)
+        return _files.read_text(path, 1024 * 1024)
     except FileNotFoundError:
         return None

@@ -216,7 +216,9 @@ def test_parse_source_defaults():
 def test_the_template_embeds_gid_start_and_what_it_imports():
     template = (ROOT / "roles/serve/templates/gid_start.j2").read_text()
     assert "'fabric._gid_start' | localinference.vllm.embedded_program(" in template
-    assert _embed.closure("fabric._gid_start") == ["common._validate", "fabric._rdma_facts", "fabric._gid_start"]
+    assert _embed.closure("fabric._gid_start") == [
+        "common._validate", "common._files", "fabric._rdma_facts", "fabric._gid_start"
+    ]
 
 
 def render_program(tmp_path: Path) -> Path:
