@@ -179,10 +179,8 @@ def plan_client(
     }
 
 
-def check_client_limits(
-    limits: dict[str, Any], server_context: int, prompt_floor: int | None
-) -> list[dict[str, str]]:
-    """Findings for an existing opencode model config ``{context, input, output, reserved}``."""
+def _client_limits(limits: Any) -> tuple[int, int, int | None, int | None]:
+    """``(context, output, input, reserved)`` of an opencode model config, checked."""
     if not isinstance(limits, dict):
         raise ClientInputError(f"client_limits must be a dict, got {type(limits).__name__}")
     context = limits.get("context")
@@ -199,6 +197,14 @@ def check_client_limits(
         input_limit = _count(input_limit, "client_limits.input")
     if reserved is not None:
         reserved = _count(reserved, "client_limits.reserved")
+    return context, output, input_limit, reserved
+
+
+def check_client_limits(
+    limits: dict[str, Any], server_context: int, prompt_floor: int | None
+) -> list[dict[str, str]]:
+    """Findings for an existing opencode model config ``{context, input, output, reserved}``."""
+    context, output, input_limit, reserved = _client_limits(limits)
     budget = working_budget(context, output, input_limit, reserved)
     found: list[dict[str, str]] = []
     if context > server_context:
@@ -223,43 +229,52 @@ def check_client_limits(
             )
         )
     if prompt_floor is not None:
-        if prompt_floor + output > server_context:
-            found.append(
-                _finding(
-                    "F8",
-                    "error",
-                    f"prompt floor {prompt_floor} + client_limits.output {output} ="
-                    f" {prompt_floor + output} > max_model_len {server_context}: every full"
-                    f" request overflows; lower limit.output to at most"
-                    f" {server_context - prompt_floor - 1} or raise max_model_len",
-                )
-            )
-        if budget < prompt_floor:
-            found.append(
-                _finding(
-                    "F9",
-                    "error",
-                    f"opencode's working budget is {budget} tokens, below the prompt floor"
-                    f" {prompt_floor}: it compacts after every turn; use the client budget this"
-                    " plan computes (input = L - output, reserved <= input - floor - 10240)",
-                )
-            )
-        elif budget < prompt_floor + WORK_ROOM:
-            found.append(
-                _finding(
-                    "F9",
-                    "warning",
-                    f"opencode's working budget {budget} leaves {budget - prompt_floor} tokens"
-                    f" above the prompt floor; keep at least {WORK_ROOM}",
-                )
-            )
-    elif budget <= 0:
+        return found + _prompt_floor_findings(prompt_floor, output, budget, server_context)
+    if budget <= 0:
         found.append(
             _finding(
                 "F9",
                 "error",
                 f"opencode's working budget is {budget}: it compacts after every turn;"
                 " lower limit.output or compaction.reserved",
+            )
+        )
+    return found
+
+
+def _prompt_floor_findings(
+    prompt_floor: int, output: int, budget: int, server_context: int
+) -> list[dict[str, str]]:
+    """F8/F9 against the measured prompt floor: a full request must fit, with room to work."""
+    found: list[dict[str, str]] = []
+    if prompt_floor + output > server_context:
+        found.append(
+            _finding(
+                "F8",
+                "error",
+                f"prompt floor {prompt_floor} + client_limits.output {output} ="
+                f" {prompt_floor + output} > max_model_len {server_context}: every full"
+                f" request overflows; lower limit.output to at most"
+                f" {server_context - prompt_floor - 1} or raise max_model_len",
+            )
+        )
+    if budget < prompt_floor:
+        found.append(
+            _finding(
+                "F9",
+                "error",
+                f"opencode's working budget is {budget} tokens, below the prompt floor"
+                f" {prompt_floor}: it compacts after every turn; use the client budget this"
+                " plan computes (input = L - output, reserved <= input - floor - 10240)",
+            )
+        )
+    elif budget < prompt_floor + WORK_ROOM:
+        found.append(
+            _finding(
+                "F9",
+                "warning",
+                f"opencode's working budget {budget} leaves {budget - prompt_floor} tokens"
+                f" above the prompt floor; keep at least {WORK_ROOM}",
             )
         )
     return found

@@ -303,13 +303,10 @@ class Doctor:
             )
         except (OpencodeConfigError, TypeError, ValueError) as exc:
             return [
-                {
-                    "id": "client-config",
-                    "severity": "error",
-                    "message": str(exc),
-                    "fix": "run the client stage (--tags client)",
-                    "evidence": path,
-                }
+                finding(
+                    "client-config", "error", str(exc), "run the client stage (--tags client)",
+                    evidence=path,
+                )
             ]
         where = (
             f"{path}: context {numbers.get('context')}, output {numbers.get('output')}, "
