@@ -443,6 +443,16 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._quadlet
     QuadletCheckError,
     check_units,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._reconcile import (
+    ABSENT,
+    DIRECTORY,
+    REMOVABLE,
+    SPECIAL,
+    Observed,
+    decide,
+    previous_path,
+    staged_unit_root,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._restart import (
     stop_units,
     verify_node,
@@ -468,7 +478,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._stage_c
     stage_ports,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._state import (
-    OWN_UNIT_NAMES,
     StateFileError,
     check_document,
     desired,
@@ -753,11 +762,6 @@ def _staged_checks(module, files, checks, context, runner):
     return bool(installed)
 
 
-def _stop_live(module, runner, units):
-    """Stop the running ``units`` the way every restart stops them (``_restart.stop_units``)."""
-    return stop_units(runner, units, check_mode=module.check_mode)
-
-
 def _live_checks(module, checks, recipe, unit_dir, result, runner):
     """state=verified: the live units pass the node's generator and systemd loaded every service."""
     if checks["quadlet"] and recipe["deploy_mode"] == "quadlet":
@@ -771,48 +775,47 @@ def _live_checks(module, checks, recipe, unit_dir, result, runner):
             )
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec={
-            "recipe": {"type": "dict", "required": True},
-            "plan_max_model_len": {"type": "int"},
-            "node": {
-                "type": "dict",
-                "required": True,
-                "options": {
-                    "host": {"type": "str", "required": True},
-                    "rank": {"type": "int", "required": True},
-                    "nnodes": {"type": "int", "required": True},
-                    "head_address": {"type": "str", "required": True},
-                    "address": {"type": "str", "default": ""},
-                    "env": {"type": "dict", "default": {}},
-                    "weights_path": {"type": "str", "required": True},
-                    "weights_digest": {"type": "str", "default": ""},
-                    "rdma": {"type": "dict", "default": {}},
-                },
-            },
-            "state": {
-                "type": "str",
-                "default": "present",
-                "choices": ["staged", "present", "verified", "absent"],
-            },
-            "path": {"type": "path", "default": "/etc/localinference/serving.json"},
-            "staging_dir": {"type": "path", "default": "/etc/localinference/staging"},
-            "unit_dir": {"type": "path"},
-            "venv_dir": {"type": "path"},
-            "help_text": {"type": "path"},
-            "guards": {"type": "dict"},
-            "slice_dir": {"type": "path"},
-            "checks": {"type": "dict", "options": CHECKS_SPEC},
-            "stop_live": {"type": "bool", "default": False},
-            "stop_timeout": {"type": "float", "default": 300.0},
-            "daemon_reload": {"type": "bool", "default": False},
+ARGUMENT_SPEC = {
+    "recipe": {"type": "dict", "required": True},
+    "plan_max_model_len": {"type": "int"},
+    "node": {
+        "type": "dict",
+        "required": True,
+        "options": {
+            "host": {"type": "str", "required": True},
+            "rank": {"type": "int", "required": True},
+            "nnodes": {"type": "int", "required": True},
+            "head_address": {"type": "str", "required": True},
+            "address": {"type": "str", "default": ""},
+            "env": {"type": "dict", "default": {}},
+            "weights_path": {"type": "str", "required": True},
+            "weights_digest": {"type": "str", "default": ""},
+            "rdma": {"type": "dict", "default": {}},
         },
-        supports_check_mode=True,
-    )
+    },
+    "state": {
+        "type": "str",
+        "default": "present",
+        "choices": ["staged", "present", "verified", "absent"],
+    },
+    "path": {"type": "path", "default": "/etc/localinference/serving.json"},
+    "staging_dir": {"type": "path", "default": "/etc/localinference/staging"},
+    "unit_dir": {"type": "path"},
+    "venv_dir": {"type": "path"},
+    "help_text": {"type": "path"},
+    "guards": {"type": "dict"},
+    "slice_dir": {"type": "path"},
+    "checks": {"type": "dict", "options": CHECKS_SPEC},
+    "stop_live": {"type": "bool", "default": False},
+    "stop_timeout": {"type": "float", "default": 300.0},
+    "daemon_reload": {"type": "bool", "default": False},
+}
+
+
+def _inputs(module):
+    """The validated recipe, node and paths; a bad value or combination ends the module."""
     params = module.params
-    state = params["state"]
-    checks = params["checks"]
+    state, checks = params["state"], params["checks"]
     if checks is not None and state not in ("staged", "verified"):
         module.fail_json(msg=f"checks: only with state=staged or verified (state is {state}); remove checks")
     try:
@@ -824,22 +827,24 @@ def main():
             if source:
                 exc = validate.ValidationError(exc.name, exc.problem, f"{exc.fix} (the serve role takes it from {source})")
             raise exc from None
-        state_path = _absolute("path", params["path"])
-        staging_dir = _absolute("staging_dir", params["staging_dir"])
-        unit_dir = validate.path("unit_dir", params["unit_dir"] or UNIT_DIRS[recipe["deploy_mode"]])
-        venv_dir = validate.path(
-            "venv_dir",
-            params["venv_dir"] or f"/opt/localinference/vllm-{recipe.get('vllm_version', 'unset')}",
-        )
-        help_path = params["help_text"] and _absolute("help_text", params["help_text"])
+        found = {
+            "recipe": recipe,
+            "node": node,
+            "state_path": _absolute("path", params["path"]),
+            "staging_dir": _absolute("staging_dir", params["staging_dir"]),
+            "unit_dir": validate.path("unit_dir", params["unit_dir"] or UNIT_DIRS[recipe["deploy_mode"]]),
+            "venv_dir": validate.path(
+                "venv_dir",
+                params["venv_dir"] or f"/opt/localinference/vllm-{recipe.get('vllm_version', 'unset')}",
+            ),
+            "help_path": params["help_text"] and _absolute("help_text", params["help_text"]),
+        }
         if checks is not None:
             _check_options(checks)
     except validate.ValidationError as exc:
         module.fail_json(msg=str(exc))
     if not 0 <= node.rank < node.nnodes:
-        module.fail_json(
-            msg=f"node.rank {node.rank} is outside 0..{node.nnodes - 1}; the head is rank 0"
-        )
+        module.fail_json(msg=f"node.rank {node.rank} is outside 0..{node.nnodes - 1}; the head is rank 0")
     if (params["stop_live"] or params["daemon_reload"]) and state != "present":
         module.fail_json(msg=f"stop_live and daemon_reload: only with state=present (state is {state})")
     if timeout_error(params["stop_timeout"]):
@@ -847,45 +852,36 @@ def main():
             msg=f"stop_timeout: {params['stop_timeout']!r} is not a number of seconds above 0 and at "
             "most 86400; give the seconds one systemctl stop may take"
         )
-    runner = Runner(checks["timeout"] if checks is not None else params["stop_timeout"])
-    checked = {}
-    if checks is not None and state == "staged":
-        checked = _refused_or(module, {}, _node_checks, checks, node, runner)
-    try:
-        layout = layout_problems(recipe, node)
-    except RecipeInputError as exc:
-        module.fail_json(msg=f"vllm_recipe: {exc}")
+    return found
+
+
+def _memory(module, recipe, node, unit_dir):
+    """``(slice_dir, guards, memory, capped)``: the units' memory guards and the node's need."""
     guards, memory, capped = None, None, []
     try:
         slice_dir = validate.path(
             "slice_dir",
-            params["slice_dir"]
+            module.params["slice_dir"]
             or (unit_dir if recipe["deploy_mode"] == "systemd" else UNIT_DIRS["systemd"]),
         )
-        if params["guards"] is not None:
-            policy = parse_policy(params["guards"])
+        if module.params["guards"] is not None:
+            policy = parse_policy(module.params["guards"])
             capped = utilization_problems(recipe, policy)
             weights, weights_found = weights_on_disk(node.weights_path)
-            guards = memory_guards(
-                recipe, node.host, node.nnodes, policy, weights, _mem_total(module)
-            )
+            guards = memory_guards(recipe, node.host, node.nnodes, policy, weights, _mem_total(module))
             gid_argv = gid_start_argv(policy.libexec_dir, node.rdma, node.address, node.env)
             if gid_argv:
                 guards = dataclasses.replace(guards, gid_argv=gid_argv)
             memory = {**guards.need, "weights_found": weights_found}
+            if memory["unified_memory"] and not weights and not memory["engine_bytes"]:
+                module.warn(f"the admission need of {node.host} counts no weights: {weights_found}")
     except validate.ValidationError as exc:
         module.fail_json(msg=str(exc))
-    if memory and memory["unified_memory"] and not weights and not memory["engine_bytes"]:
-        module.warn(f"the admission need of {node.host} counts no weights: {weights_found}")
-    # Unit records in a node's document are trusted only inside these directories.
-    unit_dirs = sorted({unit_dir, slice_dir, *UNIT_DIRS.values()})
-    try:
-        wanted = desired(recipe, node, unit_dir, venv_dir, guards, slice_dir)
-    except validate.ValidationError as exc:
-        module.fail_json(msg=str(exc))
-    document = wanted["document"]
+    return slice_dir, guards, memory, capped
 
-    previous_path = os.path.join(os.path.dirname(state_path), "serving.previous.json")
+
+def _live(state_path, unit_dirs, document):
+    """``(text, live, trusted, live_diff, findings)``: the node's document against the ask."""
     live_text, live, trusted, live_problems = _load(state_path, unit_dirs, "serving.json")
     if live_text is None and not live_problems:
         live_diff = differences(None, document)
@@ -896,6 +892,157 @@ def main():
         # What is on disk against what was rendered: the restart path's one verifier.
         live_diff = verify_node(live, unit_dirs, read_text, wanted=document)["problems"]
     findings = [finding("F10", "error", problem, STATE_FIX) for problem in live_problems]
+    return live_text, live, trusted, live_diff, findings
+
+
+def _check_help(module, files, result, inputs, checks):
+    """Every rendered flag exists in the targeted vLLM release (help_text or the image's cache)."""
+    state, recipe, help_path = module.params["state"], inputs["recipe"], inputs["help_path"]
+    text = None
+    if help_path and state != "absent":
+        try:
+            text = read_text(help_path, MAX_HELP_BYTES)
+        except StateFileError as exc:
+            module.fail_json(msg=f"help_text: {exc}", **result)
+        if text is None:
+            module.fail_json(msg=f"help_text {help_path} does not exist", **result)
+    elif state == "staged" and checks and checks["help_cache_dir"] and recipe["deploy_mode"] == "quadlet":
+        text = _refused_or(module, result, _cached_help, module, files, checks, recipe)
+    if text is None:
+        return
+    argv = (result["document"]["server_argv"] or []) + recipe["extra_args"]
+    unknown = unknown_flags(argv, parse_help_flags(text))
+    if unknown:
+        module.fail_json(
+            msg=f"vllm_recipe renders flags this vLLM release does not have: {', '.join(unknown)}; "
+            "remove or rename them (see `vllm serve --help=all` of the targeted release)",
+            unknown_flags=unknown,
+            **result,
+        )
+
+
+def _current(path):
+    try:
+        return read_text(path)
+    except StateFileError:
+        return None  # a binary or unreadable file of ours is replaced
+
+
+def _lstat_kind(path):
+    try:
+        info = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return ABSENT
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode):
+        return REMOVABLE
+    return DIRECTORY if stat.S_ISDIR(info.st_mode) else SPECIAL
+
+
+def _observe(state, units, trusted, state_path, staging_dir):
+    """What ``decide`` weighs: the files a step may write or remove, the staged unit names."""
+    writes, removals, names = [], [], ()
+    if state == "staged":
+        root = staged_unit_root(staging_dir)
+        writes = [os.path.join(staging_dir, "serving.json"), *(os.path.join(root, u["name"]) for u in units)]
+        names = tuple(os.listdir(root)) if os.path.isdir(root) else ()
+        removals = [os.path.join(root, name) for name in names]
+    elif state in ("present", "absent"):
+        if state == "present":
+            writes = [state_path, previous_path(state_path), *(u["path"] for u in units)]
+        removals = [u["path"] for u in trusted["units"]]
+    return Observed(
+        texts={path: _current(path) for path in writes},
+        directories=frozenset(path for path in writes if os.path.isdir(path)),
+        kinds={path: _lstat_kind(path) for path in removals},
+        staged_names=names,
+    )
+
+
+def _apply(module, plan, files, runner, result, context):
+    """Carry out ``plan`` in order; returns the files left in place."""
+    if plan.refusal:
+        module.fail_json(msg=plan.refusal, **result)
+    changed = False
+    if module.params["state"] == "present":
+        result["stopped"], result["reloaded"] = [], False
+        if plan.stop is not None:
+            result["stopped"] = _refused_or(module, result, stop_units, runner, plan.stop, module.check_mode)
+        # Where the new boot's log begins (journalctl --since, the node's local time).
+        result["stopped_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        changed = bool(result["stopped"])
+    refused, units_changed = list(plan.refused), False
+    for step in plan.steps:
+        if step.action == "write":
+            done = files.write(step.path, step.text, step.option)
+        else:
+            done, problem = files.remove(step.path)
+            refused += [problem] if problem else []
+        changed |= done
+        units_changed |= done and step.unit
+    if plan.reload and units_changed:
+        rc, _, err = runner.run(["systemctl", "daemon-reload"])
+        if rc != 0:
+            module.fail_json(msg=f"systemctl daemon-reload failed (rc {rc}): {err.strip()[:300]}", **result)
+        result["reloaded"] = True
+    checks = module.params["checks"]
+    if plan.checks == "staged":
+        changed |= _refused_or(module, result, _staged_checks, module, files, checks, context, runner)
+    elif plan.checks == "live":
+        recipe, unit_dir = context["recipe"], context["unit_dir"]
+        _refused_or(module, result, _live_checks, module, checks, recipe, unit_dir, result, runner)
+    result["changed"] = changed
+    return refused
+
+
+def _finish(module, result, findings, refused, unit_dirs, live_text, live):
+    """Warn of every finding, name the rollback target and the diff, and return."""
+    state_path = module.params["path"]
+    findings += [finding("F10", "warning", problem, "remove it by hand if it is stale") for problem in refused]
+    _, _, previous, previous_problems = _load(previous_path(state_path), unit_dirs, "serving.previous.json")
+    findings += [
+        finding("F10", "warning", problem, "the rollback has no target until the next update")
+        for problem in previous_problems
+    ]
+    for item in findings:
+        module.warn(f"{item['id']}: {item['message']}")
+    result["previous_recipe"] = previous["recipe"] if not previous_problems else None
+    result["previous_hash"] = previous["recipe_hash"] if not previous_problems else None
+    if module._diff:
+        before = dump(live) if live is not None else (live_text or "")[:4096]
+        result["diff"] = {
+            "before": before,
+            "after": dump(result["document"]) if module.params["state"] != "absent" else before,
+            "before_header": state_path,
+            "after_header": state_path,
+        }
+    module.exit_json(**result)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    state, checks = params["state"], params["checks"]
+    inputs = _inputs(module)
+    recipe, node, unit_dir = inputs["recipe"], inputs["node"], inputs["unit_dir"]
+    runner = Runner(checks["timeout"] if checks is not None else params["stop_timeout"])
+    checked = {}
+    if checks is not None and state == "staged":
+        checked = _refused_or(module, {}, _node_checks, checks, node, runner)
+    try:
+        layout = layout_problems(recipe, node)
+    except RecipeInputError as exc:
+        module.fail_json(msg=f"vllm_recipe: {exc}")
+    slice_dir, guards, memory, capped = _memory(module, recipe, node, unit_dir)
+    # Unit records in a node's document are trusted only inside these directories.
+    unit_dirs = sorted({unit_dir, slice_dir, *UNIT_DIRS.values()})
+    try:
+        wanted = desired(recipe, node, unit_dir, inputs["venv_dir"], guards, slice_dir)
+    except validate.ValidationError as exc:
+        module.fail_json(msg=str(exc))
+    document = wanted["document"]
+    live_text, live, trusted, live_diff, findings = _live(inputs["state_path"], unit_dirs, document)
     result = {
         "changed": False,
         "recipe": recipe,
@@ -917,126 +1064,22 @@ def main():
         **checked,
     }
     files = _Files(module, result)
-
-    text = None
-    if help_path and state != "absent":
-        try:
-            text = read_text(help_path, MAX_HELP_BYTES)
-        except StateFileError as exc:
-            module.fail_json(msg=f"help_text: {exc}", **result)
-        if text is None:
-            module.fail_json(msg=f"help_text {help_path} does not exist", **result)
-    elif state == "staged" and checks and checks["help_cache_dir"] and recipe["deploy_mode"] == "quadlet":
-        text = _refused_or(module, result, _cached_help, module, files, checks, recipe)
-    if text is not None:
-        argv = (document["server_argv"] or []) + recipe["extra_args"]
-        unknown = unknown_flags(argv, parse_help_flags(text))
-        if unknown:
-            module.fail_json(
-                msg=f"vllm_recipe renders flags this vLLM release does not have: {', '.join(unknown)}; "
-                "remove or rename them (see `vllm serve --help=all` of the targeted release)",
-                unknown_flags=unknown,
-                **result,
-            )
-    blocking = [p for p in result["problems"] if p["blocking"]]
-    if blocking and state != "absent":
-        module.fail_json(msg="; ".join(f"{p['id']}: {p['message']}" for p in blocking), **result)
-
-    refused = []
-    if state == "staged":
-        changed = files.write(
-            os.path.join(staging_dir, "serving.json"), dump(document), "staging_dir"
-        )
-        unit_root = os.path.join(staging_dir, "units")
-        names = {u["name"] for u in wanted["units"]}
-        for unit in wanted["units"]:
-            changed |= files.write(
-                os.path.join(unit_root, unit["name"]), unit["content"], "staging_dir"
-            )
-        if os.path.isdir(unit_root):
-            for name in sorted(os.listdir(unit_root)):
-                if name in names:
-                    continue
-                if name not in OWN_UNIT_NAMES:
-                    refused.append(
-                        f"{os.path.join(unit_root, name)}: not a unit this collection writes; "
-                        "left in place (the Quadlet check reads it too)"
-                    )
-                    continue
-                removed, problem = files.remove(os.path.join(unit_root, name))
-                changed |= removed
-                refused += [problem] if problem else []
-        if checks is not None:
-            context = {"recipe": recipe, "node": node, "result": result, "unit_root": unit_root,
-                       "units": wanted["units"]}
-            changed |= _refused_or(module, result, _staged_checks, module, files, checks, context, runner)
-        result["changed"] = changed
-    elif state == "present":
-        files.require_file(state_path, "path")
-        for unit in wanted["units"]:
-            files.require_file(unit["path"], "unit_dir")
-        result["stopped"], result["reloaded"] = [], False
-        if params["stop_live"]:
-            result["stopped"] = _refused_or(module, result, _stop_live, module, runner, trusted["start_order"])
-        # Where the new boot's log begins (journalctl --since, the node's local time).
-        result["stopped_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        changed = bool(result["stopped"])
-        units_changed = False
-        if trusted["valid"] and trusted["recipe_hash"] != document["recipe_hash"]:
-            changed |= files.write(previous_path, dump(live), "path")
-        names = {u["path"] for u in wanted["units"]}
-        for unit in trusted["units"]:
-            if unit["path"] not in names:
-                removed, problem = files.remove(unit["path"])
-                units_changed |= removed
-                refused += [problem] if problem else []
-        for unit in wanted["units"]:
-            units_changed |= files.write(unit["path"], unit["content"], "unit_dir")
-        changed |= units_changed | files.write(state_path, dump(document), "path")
-        if params["daemon_reload"] and units_changed and not module.check_mode:
-            rc, _, err = runner.run(["systemctl", "daemon-reload"])
-            if rc != 0:
-                module.fail_json(msg=f"systemctl daemon-reload failed (rc {rc}): {err.strip()[:300]}", **result)
-            result["reloaded"] = True
-        result["changed"] = changed
-    elif state == "absent":
-        changed = False
-        for unit in trusted["units"]:
-            removed, problem = files.remove(unit["path"])
-            changed |= removed
-            refused += [problem] if problem else []
-        result["changed"] = changed
-    elif live_diff:
-        module.fail_json(
-            msg="the reconciled state on this node differs from the inventory (F10); "
-            "run the rollout (rm -> update -> verify -> start) instead of starting it: "
-            + "; ".join(live_diff),
-            **result,
-        )
-    elif checks is not None and not module.check_mode:
-        _refused_or(module, result, _live_checks, module, checks, recipe, unit_dir, result, runner)
-    findings += [
-        finding("F10", "warning", problem, "remove it by hand if it is stale")
-        for problem in refused
-    ]
-    _, _, previous, previous_problems = _load(previous_path, unit_dirs, "serving.previous.json")
-    findings += [
-        finding("F10", "warning", problem, "the rollback has no target until the next update")
-        for problem in previous_problems
-    ]
-    for item in findings:
-        module.warn(f"{item['id']}: {item['message']}")
-    result["previous_recipe"] = previous["recipe"] if not previous_problems else None
-    result["previous_hash"] = previous["recipe_hash"] if not previous_problems else None
-    if module._diff:
-        before = dump(live) if live is not None else (live_text or "")[:4096]
-        result["diff"] = {
-            "before": before,
-            "after": dump(document) if state != "absent" else before,
-            "before_header": state_path,
-            "after_header": state_path,
-        }
-    module.exit_json(**result)
+    _check_help(module, files, result, inputs, checks)
+    observed = _observe(state, wanted["units"], trusted, inputs["state_path"], inputs["staging_dir"])
+    options = {
+        "path": inputs["state_path"],
+        "staging_dir": inputs["staging_dir"],
+        "problems": result["problems"],
+        "stop_live": params["stop_live"],
+        "daemon_reload": params["daemon_reload"],
+        "checks": checks is not None,
+        "check_mode": module.check_mode,
+    }
+    plan = decide(state, wanted, live, trusted, live_diff, observed, options)
+    context = {"recipe": recipe, "node": node, "result": result, "unit_dir": unit_dir,
+               "unit_root": staged_unit_root(inputs["staging_dir"]), "units": wanted["units"]}
+    refused = _apply(module, plan, files, runner, result, context)
+    _finish(module, result, findings, refused, unit_dirs, live_text, live)
 
 
 if __name__ == "__main__":
