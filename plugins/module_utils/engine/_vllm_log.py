@@ -269,6 +269,201 @@ def _smallest(current: Any, value: Any) -> Any:
     return value if current is None else min(current, value)
 
 
+class _LogReader:
+    """The running state of ``parse_log``: the boot being read, the boots before it, and
+    what covers the whole text (stats, HTTP statuses, errors)."""
+
+    def __init__(self) -> None:
+        self.version: str | None = None
+        self.boots: list[dict[str, Any]] = []
+        self.boot = _new_boot(None)
+        self.stats: list[dict[str, Any]] = []
+        self.spec: list[dict[str, Any]] = []
+        self.context_errors: list[dict[str, Any]] = []
+        self.context_limits: list[int] = []
+        self.mmaps: list[dict[str, Any]] = []
+        self.transfer: dict[str, float] = {}
+        self.http: dict[str, int] = {}
+        self.errors: list[str] = []
+        self.unparsed: list[str] = []
+        self.pid_ranks: dict[str, int] = {}
+
+    def new_boot(self) -> None:
+        if _boot_started(self.boot):
+            self.boots.append(self.boot)
+        self.boot = _new_boot(self.version)
+
+    def read(self, line: str) -> None:
+        """One line; a vLLM pattern with a number vLLM never prints is counted, not guessed."""
+        try:
+            learn_rank(line, self.pid_ranks)
+            rank, worker = line_worker(line, self.pid_ranks)
+            if worker is None:
+                rank, worker = 0, "TP0"
+            self.boot["ranks"].setdefault(worker, rank)
+            self._boot_start(line)
+            self._kv_cache(line, rank, worker)
+            _read_startup_memory(line, self.boot, rank, worker)
+            _read_shortfall(line, self.boot)
+            _read_oom(line, rank, self.boot)
+            _read_timings(line, self.boot)
+            self._traffic(line)
+        except _Garbage:
+            self.unparsed.append(line[:200])
+
+    def _boot_start(self, line: str) -> None:
+        """A version banner or the engine's arguments: a new boot when one was already read."""
+        for pattern in _VERSION_RES:
+            match = pattern.search(line)
+            if match:
+                if _boot_started(self.boot):
+                    self.new_boot()
+                self.version = match.group(1)
+                self.boot["version"] = self.version
+                break
+        if any(p.search(line) for p in _BOOT_RES):
+            if _boot_started(self.boot):
+                self.new_boot()
+            boot = self.boot
+            for key, value in _ARG.findall(line):
+                boot["args"][key] = _flt(value) if "." in value else _int(value)
+            if "kv_cache_memory_bytes" in boot["args"]:
+                # explicit KV bytes: vLLM skips profiling (GPU builds also say so in words)
+                boot["profiling_skipped"] = True
+                boot["kv_reserved_gib"] = round(boot["args"]["kv_cache_memory_bytes"] / GIB, 4)
+        for key, value in read_engine_config(line).items():
+            self.boot["engine_config"].setdefault(key, value)
+        size = read_block_size(line)
+        if size:
+            self.boot["block_size"] = size
+
+    def _kv_cache(self, line: str, rank: int | None, worker: str) -> None:
+        """Capacity and KV memory reports; a second report of either starts a new boot."""
+        if _read_capacity(line, self.boot):
+            self.new_boot()
+            _read_capacity(line, self.boot)
+        match = _AVAILABLE_KV.search(line)
+        memory = _flt(match.group(1) or match.group(2)) if match else read_kv_memory(line)
+        if memory is not None:
+            if self.boot["kv_cache_tokens"] is not None or self.boot["kv_cache_blocks"] is not None:
+                self.new_boot()
+                self.boot["ranks"][worker] = rank
+            self.boot["available_kv_gib"][worker] = memory
+        read_costs(line, self.boot["start"])
+        match = _SKIPPED.search(line)
+        if match:
+            self.boot["profiling_skipped"] = True
+            self.boot["kv_reserved_gib"] = _flt(match.group(1))
+
+    def _traffic(self, line: str) -> None:
+        """What covers the whole text: stats, rejected contexts, offload, HTTP, errors."""
+        row = parse_stats(line)
+        if row:
+            self.stats.append(row)
+        row = parse_spec(line)
+        if row:
+            self.spec.append(row)
+        rejection = context_rejection(line)
+        if rejection:
+            self.context_errors.append(rejection)
+        match = _CONTEXT_LIMIT.search(line)
+        if match:
+            self.context_limits.append(_int(match.group(1) or match.group(2)))
+        match = _MMAP.search(line)
+        if match:
+            self.mmaps.append({"path": match.group(1), "gb": _flt(match.group(2))})
+        for key, value in _TRANSFER.findall(line):
+            total = self.transfer.get(key, 0.0) + _flt(value)
+            if not math.isfinite(total):
+                raise _Garbage(value)
+            self.transfer[key] = total
+        match = _HTTP.search(line)
+        if match:
+            self.http[match.group(2)] = self.http.get(match.group(2), 0) + 1
+        message = _error_message(line)
+        if message and message not in self.errors and len(self.errors) < 20:
+            self.errors.append(message)
+
+
+def _read_startup_memory(line: str, boot: dict[str, Any], rank: int | None, worker: str) -> None:
+    """A worker's free memory at start (GPU, or a CPU KV cache node) against what was asked."""
+    match = _FREE_MEM.search(line)
+    if match:
+        entry: dict[str, Any] = {
+            "rank": rank,
+            "worker": worker,
+            "device": match.group("device"),
+            "free_gib": _flt(match.group("free")),
+            "total_gib": _flt(match.group("total")),
+            "requested_utilization": _flt(match.group("util")),
+            "requested_gib": _flt(match.group("req")),
+            "below_requested": "is less than desired" in line,
+        }
+        usage = _USAGE.search(line)
+        if usage:
+            entry.update(
+                weights_gib=_flt(usage.group(1)),
+                peak_activation_gib=_flt(usage.group(2)),
+                non_torch_gib=_flt(usage.group(3)),
+                cudagraph_gib=_flt(usage.group(4)),
+            )
+        boot["startup_memory"][worker] = entry
+    match = _CPU_KV_MEM.search(line)
+    if match:
+        boot["startup_memory"][worker] = {
+            "rank": rank,
+            "worker": worker,
+            "device": f"node {match.group('device')}",
+            "free_gib": _flt(match.group("free")),
+            "total_gib": _flt(match.group("total")),
+            "requested_utilization": None,
+            "requested_gib": _flt(match.group("req")),
+            "requested_kv_gib": _flt(match.group("kv")),
+            "below_requested": True,
+        }
+
+
+def _read_shortfall(line: str, boot: dict[str, Any]) -> None:
+    """vLLM's refusals for too little KV memory, its estimate and its suggested bytes."""
+    for match in _SUGGEST.finditer(line):
+        purpose = "fit_requested" if match.group(3) == "fit" else "fully_utilize"
+        boot["kv_cache_memory_bytes_suggested"][purpose] = _int(match.group(1))
+    match = _INSUFFICIENT.search(line)
+    if match:
+        boot["insufficient"] = {
+            "requested_max_model_len": _int(match.group(1)),
+            "kv_needed_gib": _flt(match.group(2)),
+            "kv_available_gib": _flt(match.group(3)),
+        }
+    match = _INSUFFICIENT_OLD.search(line)
+    if match:
+        boot["insufficient"] = {
+            "requested_max_model_len": _int(match.group(1)),
+            "kv_needed_gib": None,
+            "kv_available_gib": None,
+        }
+        boot["estimated_max_model_len"] = _int(match.group(2))
+        boot["kv_capacity_tokens"] = _int(match.group(2))
+    if _NO_KV.search(line):
+        boot["insufficient"] = {
+            "requested_max_model_len": None,
+            "kv_needed_gib": None,
+            "kv_available_gib": 0.0,
+        }
+    match = _ESTIMATED.search(line)
+    if match:
+        boot["estimated_max_model_len"] = _int(match.group(1))
+
+
+def _read_timings(line: str, boot: dict[str, Any]) -> None:
+    match = _SCHEDULED.search(line)
+    if match:
+        boot["scheduled_tokens"] = _int(match.group(1))
+    match = _INIT_TIME.search(line)
+    if match:
+        boot["init_seconds"] = _flt(match.group(1))
+
+
 def parse_log(text: str) -> dict[str, Any]:
     """Everything this collection reads from a vLLM log, as one dict.
 
@@ -276,180 +471,24 @@ def parse_log(text: str) -> dict[str, Any]:
     found (a new boot starts at a version banner or when a second capacity
     report arrives). Stats, HTTP statuses and errors cover the whole text.
     """
-    version: str | None = None
-    boots: list[dict[str, Any]] = []
-    boot = _new_boot(None)
-    stats: list[dict[str, Any]] = []
-    spec: list[dict[str, Any]] = []
-    context_errors: list[dict[str, Any]] = []
-    context_limits: list[int] = []
-    mmaps: list[dict[str, Any]] = []
-    transfer: dict[str, float] = {}
-    http: dict[str, int] = {}
-    errors: list[str] = []
-    unparsed: list[str] = []
-    pid_ranks: dict[str, int] = {}
-
-    def new_boot() -> None:
-        nonlocal boot
-        if _boot_started(boot):
-            boots.append(boot)
-        boot = _new_boot(version)
-
+    reader = _LogReader()
     for raw in _unwrap(text):
         line = raw.rstrip()[:MAX_LINE]
-        if not line:
-            continue
-        try:
-            learn_rank(line, pid_ranks)
-            rank, worker = line_worker(line, pid_ranks)
-            if worker is None:
-                rank, worker = 0, "TP0"
-            boot["ranks"].setdefault(worker, rank)
-            for pattern in _VERSION_RES:
-                match = pattern.search(line)
-                if match:
-                    if _boot_started(boot):
-                        new_boot()
-                    version = match.group(1)
-                    boot["version"] = version
-                    break
-            if any(p.search(line) for p in _BOOT_RES):
-                if _boot_started(boot):
-                    new_boot()
-                for key, value in _ARG.findall(line):
-                    boot["args"][key] = _flt(value) if "." in value else _int(value)
-                if "kv_cache_memory_bytes" in boot["args"]:
-                    # explicit KV bytes: vLLM skips profiling (GPU builds also say so in words)
-                    boot["profiling_skipped"] = True
-                    boot["kv_reserved_gib"] = round(boot["args"]["kv_cache_memory_bytes"] / GIB, 4)
-            for key, value in read_engine_config(line).items():
-                boot["engine_config"].setdefault(key, value)
-            size = read_block_size(line)
-            if size:
-                boot["block_size"] = size
-            if _read_capacity(line, boot):
-                new_boot()
-                _read_capacity(line, boot)
-            match = _AVAILABLE_KV.search(line)
-            memory = _flt(match.group(1) or match.group(2)) if match else read_kv_memory(line)
-            if memory is not None:
-                if boot["kv_cache_tokens"] is not None or boot["kv_cache_blocks"] is not None:
-                    new_boot()
-                    boot["ranks"][worker] = rank
-                boot["available_kv_gib"][worker] = memory
-            read_costs(line, boot["start"])
-            match = _SKIPPED.search(line)
-            if match:
-                boot["profiling_skipped"] = True
-                boot["kv_reserved_gib"] = _flt(match.group(1))
-            match = _FREE_MEM.search(line)
-            if match:
-                entry: dict[str, Any] = {
-                    "rank": rank,
-                    "worker": worker,
-                    "device": match.group("device"),
-                    "free_gib": _flt(match.group("free")),
-                    "total_gib": _flt(match.group("total")),
-                    "requested_utilization": _flt(match.group("util")),
-                    "requested_gib": _flt(match.group("req")),
-                    "below_requested": "is less than desired" in line,
-                }
-                usage = _USAGE.search(line)
-                if usage:
-                    entry.update(
-                        weights_gib=_flt(usage.group(1)),
-                        peak_activation_gib=_flt(usage.group(2)),
-                        non_torch_gib=_flt(usage.group(3)),
-                        cudagraph_gib=_flt(usage.group(4)),
-                    )
-                boot["startup_memory"][worker] = entry
-            match = _CPU_KV_MEM.search(line)
-            if match:
-                boot["startup_memory"][worker] = {
-                    "rank": rank,
-                    "worker": worker,
-                    "device": f"node {match.group('device')}",
-                    "free_gib": _flt(match.group("free")),
-                    "total_gib": _flt(match.group("total")),
-                    "requested_utilization": None,
-                    "requested_gib": _flt(match.group("req")),
-                    "requested_kv_gib": _flt(match.group("kv")),
-                    "below_requested": True,
-                }
-            for match in _SUGGEST.finditer(line):
-                purpose = "fit_requested" if match.group(3) == "fit" else "fully_utilize"
-                boot["kv_cache_memory_bytes_suggested"][purpose] = _int(match.group(1))
-            match = _INSUFFICIENT.search(line)
-            if match:
-                boot["insufficient"] = {
-                    "requested_max_model_len": _int(match.group(1)),
-                    "kv_needed_gib": _flt(match.group(2)),
-                    "kv_available_gib": _flt(match.group(3)),
-                }
-            match = _INSUFFICIENT_OLD.search(line)
-            if match:
-                boot["insufficient"] = {
-                    "requested_max_model_len": _int(match.group(1)),
-                    "kv_needed_gib": None,
-                    "kv_available_gib": None,
-                }
-                boot["estimated_max_model_len"] = _int(match.group(2))
-                boot["kv_capacity_tokens"] = _int(match.group(2))
-            if _NO_KV.search(line):
-                boot["insufficient"] = {
-                    "requested_max_model_len": None,
-                    "kv_needed_gib": None,
-                    "kv_available_gib": 0.0,
-                }
-            match = _ESTIMATED.search(line)
-            if match:
-                boot["estimated_max_model_len"] = _int(match.group(1))
-            _read_oom(line, rank, boot)
-            match = _SCHEDULED.search(line)
-            if match:
-                boot["scheduled_tokens"] = _int(match.group(1))
-            match = _INIT_TIME.search(line)
-            if match:
-                boot["init_seconds"] = _flt(match.group(1))
-            row = parse_stats(line)
-            if row:
-                stats.append(row)
-            row = parse_spec(line)
-            if row:
-                spec.append(row)
-            rejection = context_rejection(line)
-            if rejection:
-                context_errors.append(rejection)
-            match = _CONTEXT_LIMIT.search(line)
-            if match:
-                context_limits.append(_int(match.group(1) or match.group(2)))
-            match = _MMAP.search(line)
-            if match:
-                mmaps.append({"path": match.group(1), "gb": _flt(match.group(2))})
-            for key, value in _TRANSFER.findall(line):
-                total = transfer.get(key, 0.0) + _flt(value)
-                if not math.isfinite(total):
-                    raise _Garbage(value)
-                transfer[key] = total
-            match = _HTTP.search(line)
-            if match:
-                http[match.group(2)] = http.get(match.group(2), 0) + 1
-            message = _error_message(line)
-            if message and message not in errors and len(errors) < 20:
-                errors.append(message)
-        except _Garbage:
-            # a vLLM pattern with a number vLLM never prints: count it, do not guess
-            unparsed.append(line[:200])
+        if line:
+            reader.read(line)
+    if _boot_started(reader.boot) or not reader.boots:
+        reader.boots.append(reader.boot)
+    return _log_result(reader)
 
-    if _boot_started(boot) or not boots:
-        boots.append(boot)
-    last = boots[-1]
+
+def _log_result(reader: _LogReader) -> dict[str, Any]:
+    """The last boot's figures at the top level, then the whole text's, then every boot."""
+    last = reader.boots[-1]
     insufficient = last["insufficient"] or {}
-    finished = [_finish_boot(b) for b in boots]
+    finished = [_finish_boot(b) for b in reader.boots]
     result = finished[-1]
     return {
-        "version": result["version"] or version,
+        "version": result["version"] or reader.version,
         "kv_cache_device": result["kv_cache_device"],
         "kv_cache_tokens": result["kv_cache_tokens"],
         "max_concurrency": result["max_concurrency"],
@@ -480,17 +519,17 @@ def parse_log(text: str) -> dict[str, Any]:
         "kv_capacity_tokens": result["kv_capacity_tokens"],
         "constant_per_token": result["constant_per_token"],
         "start_costs": result["start_costs"],
-        "stats": stats,
-        "spec_decode": spec,
-        "stats_summary": summarise_stats(stats, spec),
-        "context_errors": context_errors,
-        "context_limits": sorted(set(context_limits)),
-        "offload_mmaps": mmaps,
-        "kv_transfer": transfer,
-        "http_status": http,
-        "errors": errors,
+        "stats": reader.stats,
+        "spec_decode": reader.spec,
+        "stats_summary": summarise_stats(reader.stats, reader.spec),
+        "context_errors": reader.context_errors,
+        "context_limits": sorted(set(reader.context_limits)),
+        "offload_mmaps": reader.mmaps,
+        "kv_transfer": reader.transfer,
+        "http_status": reader.http,
+        "errors": reader.errors,
         "boots": [_boot_summary(b) for b in finished],
-        "unparsed_lines": {"count": len(unparsed), "samples": unparsed[:5]},
+        "unparsed_lines": {"count": len(reader.unparsed), "samples": reader.unparsed[:5]},
     }
 
 
