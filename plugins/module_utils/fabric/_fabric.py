@@ -369,6 +369,76 @@ def _gid_indexes(ports: Iterable[Mapping[str, Any]]) -> list[int]:
     )
 
 
+def _port_findings(
+    cfg: Mapping[str, Any], host: str, rdma: Mapping[str, Any], entry: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """One interface's RDMA port: present, active, at the MTU, RoCE, with a RoCE v2 GID."""
+    out: list[dict[str, Any]] = []
+    ifname, hca, port = entry["ifname"], entry["hca"], entry["port"]
+    if port is None:
+        if cfg["rdma_required"]:
+            seen = rdma.get("absent_reason") or (
+                "devices: " + ", ".join(rdma.get("devices") or {})
+            )
+            out.append(
+                _error(
+                    "rdma",
+                    f"no RDMA port behind {ifname} ({seen})",
+                    "list the ConnectX interfaces (ibdev2netdev) in cluster_network_interfaces,"
+                    " or set cluster_network_rdma_required=false for a link without RoCE",
+                    host,
+                    ifname,
+                    check="rdma",
+                )
+            )
+        return out
+    if port.get("state") != PORT_ACTIVE:
+        out.append(
+            _error(
+                "rdma state",
+                f"{hca} port is {port.get('state')}, expected {PORT_ACTIVE}",
+                "check the cable and the peer's port (ibv_devinfo -d " + str(hca) + ")",
+                host,
+                ifname,
+            )
+        )
+    if port.get("active_mtu") != cfg["rdma_active_mtu"]:
+        out.append(
+            _error(
+                "rdma mtu",
+                f"{hca} active_mtu {port.get('active_mtu')}, expected {cfg['rdma_active_mtu']}"
+                " (needs an Ethernet MTU above 4200 on both ends)",
+                f"set cluster_network_mtu {cfg['mtu']} on both nodes and bring the port up",
+                host,
+                ifname,
+            )
+        )
+    if port.get("link_layer") != ROCE_LINK_LAYER:
+        out.append(
+            _error(
+                "rdma link layer",
+                f"{hca} link_layer {port.get('link_layer')}, expected {ROCE_LINK_LAYER} (RoCE)",
+                "put the port in Ethernet mode or list the RoCE interface instead",
+                host,
+                ifname,
+            )
+        )
+    if port.get("roce_v2_gid_index") is None:
+        seen = ", ".join(port.get("ipv4_addresses") or []) or "none"
+        out.append(
+            _error(
+                "F20",
+                f"F20 no RoCE v2 GID on {hca} carries {entry['address']} (addresses seen:"
+                f" {seen}); NCCL_IB_GID_INDEX cannot be resolved",
+                f"bring the profile {_profile(cfg, ifname)} up so {entry['address']} is"
+                " assigned, then check the GID table (show_gids)",
+                host,
+                ifname,
+                check="gid",
+            )
+        )
+    return out
+
 def rdma_findings(
     cfg: Mapping[str, Any], host: str, rdma: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
@@ -376,69 +446,7 @@ def rdma_findings(
     out = []
     ports = rdma_ports(cfg, rdma)
     for entry in ports:
-        ifname, hca, port = entry["ifname"], entry["hca"], entry["port"]
-        if port is None:
-            if cfg["rdma_required"]:
-                seen = rdma.get("absent_reason") or (
-                    "devices: " + ", ".join(rdma.get("devices") or {})
-                )
-                out.append(
-                    _error(
-                        "rdma",
-                        f"no RDMA port behind {ifname} ({seen})",
-                        "list the ConnectX interfaces (ibdev2netdev) in cluster_network_interfaces,"
-                        " or set cluster_network_rdma_required=false for a link without RoCE",
-                        host,
-                        ifname,
-                        check="rdma",
-                    )
-                )
-            continue
-        if port.get("state") != PORT_ACTIVE:
-            out.append(
-                _error(
-                    "rdma state",
-                    f"{hca} port is {port.get('state')}, expected {PORT_ACTIVE}",
-                    "check the cable and the peer's port (ibv_devinfo -d " + str(hca) + ")",
-                    host,
-                    ifname,
-                )
-            )
-        if port.get("active_mtu") != cfg["rdma_active_mtu"]:
-            out.append(
-                _error(
-                    "rdma mtu",
-                    f"{hca} active_mtu {port.get('active_mtu')}, expected {cfg['rdma_active_mtu']}"
-                    " (needs an Ethernet MTU above 4200 on both ends)",
-                    f"set cluster_network_mtu {cfg['mtu']} on both nodes and bring the port up",
-                    host,
-                    ifname,
-                )
-            )
-        if port.get("link_layer") != ROCE_LINK_LAYER:
-            out.append(
-                _error(
-                    "rdma link layer",
-                    f"{hca} link_layer {port.get('link_layer')}, expected {ROCE_LINK_LAYER} (RoCE)",
-                    "put the port in Ethernet mode or list the RoCE interface instead",
-                    host,
-                    ifname,
-                )
-            )
-        if port.get("roce_v2_gid_index") is None:
-            seen = ", ".join(port.get("ipv4_addresses") or []) or "none"
-            out.append(
-                _error(
-                    "F20",
-                    f"F20 no RoCE v2 GID on {hca} carries {entry['address']} (addresses seen:"
-                    f" {seen}); NCCL_IB_GID_INDEX cannot be resolved",
-                    f"bring the profile {_profile(cfg, ifname)} up so {entry['address']} is"
-                    " assigned, then check the GID table (show_gids)",
-                    host,
-                    ifname,
-                    check="gid",
-                )
-            )
+        out += _port_findings(cfg, host, rdma, entry)
     indexes = _gid_indexes(ports)
     if len(indexes) > 1:
         out.append(

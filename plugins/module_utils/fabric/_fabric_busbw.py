@@ -235,32 +235,8 @@ def judge(
         )
         return {"result": result, "findings": []}
     if isinstance(measured, str):
-        result["verdict"] = "failed"
-        result["note"] = measured
-        return {
-            "result": result,
-            "findings": [
-                _gate(
-                    "error",
-                    f"the collective bandwidth measurement gave no figure: {measured}",
-                    "run the stage again with -v to see the command's output; check that every node reaches the"
-                    " others over the cluster link and that the measuring program exists on the nodes",
-                    host,
-                )
-            ],
-        }
-    stand_in = bool(measured.get("stand_in"))
-    result.update(
-        stand_in=stand_in,
-        busbw_gbps=measured["busbw_gbps"],
-        size_bytes=measured["size_bytes"],
-        avg_busbw_gbps=measured.get("avg_busbw_gbps"),
-    )
-    if stand_in:
-        result["note"] = (
-            "CPU stand-in: torch.distributed gloo over TCP on the cluster link, not NCCL over RoCE;"
-            " the figure proves the path and its rate, not GPU collectives"
-        )
+        return _no_figure(result, measured, host)
+    _take_measurement(result, measured)
     if min_gbps is None:
         result["verdict"] = "unjudged"
         return {
@@ -278,6 +254,47 @@ def judge(
     if measured["busbw_gbps"] >= min_gbps:
         result["verdict"] = "pass"
         return {"result": result, "findings": []}
+    return _below(result, measured, min_gbps, context)
+
+
+def _no_figure(result: dict[str, Any], why: str, host: str | None) -> dict[str, Any]:
+    """The run ended without a figure (a parse error, a deadline): failed, with the reason."""
+    result["verdict"] = "failed"
+    result["note"] = why
+    return {
+        "result": result,
+        "findings": [
+            _gate(
+                "error",
+                f"the collective bandwidth measurement gave no figure: {why}",
+                "run the stage again with -v to see the command's output; check that every node reaches the"
+                " others over the cluster link and that the measuring program exists on the nodes",
+                host,
+            )
+        ],
+    }
+
+
+def _take_measurement(result: dict[str, Any], measured: Mapping[str, Any]) -> None:
+    stand_in = bool(measured.get("stand_in"))
+    result.update(
+        stand_in=stand_in,
+        busbw_gbps=measured["busbw_gbps"],
+        size_bytes=measured["size_bytes"],
+        avg_busbw_gbps=measured.get("avg_busbw_gbps"),
+    )
+    if stand_in:
+        result["note"] = (
+            "CPU stand-in: torch.distributed gloo over TCP on the cluster link, not NCCL over RoCE;"
+            " the figure proves the path and its rate, not GPU collectives"
+        )
+
+
+def _below(
+    result: dict[str, Any], measured: Mapping[str, Any], min_gbps: float, context: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Below the gate: the verdict with the likely causes the facts show."""
+    stand_in = result["stand_in"]
     causes = (
         [
             "the CPU stand-in's TCP path: the cluster link's rate (a tc shaper, the MTU) or the hosts' load"
@@ -300,7 +317,7 @@ def judge(
                 f" the gate of {min_gbps:g} GB/s; likely cause: {'; '.join(causes)}",
                 "fix the cause and run the fabric stage again (--tags fabric); lower"
                 " cluster_network_min_busbw_gbps only for a link that cannot do better",
-                host,
+                context.get("host"),
             )
         ],
     }
