@@ -1,0 +1,90 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The agent_client role's other clients (Claude Code, Codex, Qwen Code, Crush); the rules live in
+module_utils/client/_clients.py.
+
+- ``agent_clients_check``: ``agent_client_clients`` checked (known names, once each, opencode first).
+- ``agent_clients_render``: every other client's config, env names and budget from opencode's budget;
+  fails with every refused client's numbers at once, before the role writes any file.
+- ``agent_client_env_text``: one client's env file (its variables and the key's line).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.localinference.vllm.plugins.module_utils.client._clients import (
+    OPENCODE,
+    ClientConfigError,
+    check_clients,
+    check_floors,
+    env_text,
+    render,
+)
+
+
+def agent_clients_check(clients: Any) -> list[str]:
+    try:
+        return check_clients(clients)
+    except ClientConfigError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+def agent_clients_render(
+    plan: dict[str, Any],
+    clients: Any,
+    model: str,
+    base_url: str,
+    api_key_env: str,
+    reasoning_key: str,
+    client_dir: str,
+    prompt_floors: Any = None,
+    existing: dict[str, str] | None = None,
+    provider: str = "localinference",
+    ca_file: str = "",
+) -> list[dict[str, Any]]:
+    """Every client but opencode, rendered; all refusals in one error."""
+    try:
+        names = check_clients(clients)
+        floors = check_floors(prompt_floors, names)
+    except ClientConfigError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+    done, refused = [], []
+    for name in names:
+        if name == OPENCODE:
+            continue
+        try:
+            done.append(
+                render(
+                    name,
+                    plan=plan,
+                    model=model,
+                    base_url=base_url,
+                    api_key_env=api_key_env,
+                    reasoning_key=reasoning_key,
+                    client_dir=f"{client_dir.rstrip('/')}/{name}",
+                    prompt_floor=floors.get(name),
+                    existing=(existing or {}).get(name),
+                    provider=provider,
+                    ca_file=ca_file,
+                )
+            )
+        except ClientConfigError as exc:
+            refused.append(str(exc))
+    if refused:
+        raise AnsibleFilterError("no client config was written: " + " | ".join(refused))
+    return done
+
+
+def agent_client_env_text(rendered: dict[str, Any], key: str | None = None) -> str:
+    return env_text(rendered, key or None)
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "agent_clients_check": agent_clients_check,
+            "agent_clients_render": agent_clients_render,
+            "agent_client_env_text": agent_client_env_text,
+        }
