@@ -408,38 +408,38 @@ def _incident_log(path: str, limit: int) -> dict[str, Any]:
     return {"path": path, **read_recent(path, limit)}
 
 
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "files": {"type": "dict", "default": {}},
-            "units": {"type": "list", "elements": "str", "default": []},
-            "journal_unit": {"type": "str"},
-            "links": {"type": "bool", "default": False},
-            "journal_lines": {"type": "int", "default": 400},
-            "timeout": {"type": "float", "default": 10.0},
-            "max_bytes": {"type": "int", "default": 4 * 1024 * 1024},
-            # Where to stream a token, not a secret (the key is read from key_path on the node).
-            "token_probes": {
-                "type": "list",
-                "elements": "dict",
-                "default": [],
-                "no_log": False,
-                "options": {
-                    "name": {"type": "str", "required": True, "choices": ["ingress", "engine"]},
-                    "base_url": {"type": "str", "required": True},
-                    "health_url": {"type": "str", "required": True},
-                    "model": {"type": "str", "required": True},
-                    "auth": {"type": "bool", "default": False},
-                    "ca_file": {"type": "str"},
-                },
-            },
-            "key_path": {"type": "path", "default": "/etc/localinference/ingress/api-key.env"},
-            "token_deadline": {"type": "float", "default": 20.0, "no_log": False},
-            "incidents": {"type": "path"},
-            "incidents_limit": {"type": "int", "default": 5},
+ARGUMENT_SPEC: dict[str, Any] = {
+    "files": {"type": "dict", "default": {}},
+    "units": {"type": "list", "elements": "str", "default": []},
+    "journal_unit": {"type": "str"},
+    "links": {"type": "bool", "default": False},
+    "journal_lines": {"type": "int", "default": 400},
+    "timeout": {"type": "float", "default": 10.0},
+    "max_bytes": {"type": "int", "default": 4 * 1024 * 1024},
+    # Where to stream a token, not a secret (the key is read from key_path on the node).
+    "token_probes": {
+        "type": "list",
+        "elements": "dict",
+        "default": [],
+        "no_log": False,
+        "options": {
+            "name": {"type": "str", "required": True, "choices": ["ingress", "engine"]},
+            "base_url": {"type": "str", "required": True},
+            "health_url": {"type": "str", "required": True},
+            "model": {"type": "str", "required": True},
+            "auth": {"type": "bool", "default": False},
+            "ca_file": {"type": "str"},
         },
-        supports_check_mode=True,
-    )
+    },
+    "key_path": {"type": "path", "default": "/etc/localinference/ingress/api-key.env"},
+    "token_deadline": {"type": "float", "default": 20.0, "no_log": False},
+    "incidents": {"type": "path"},
+    "incidents_limit": {"type": "int", "default": 5},
+}
+
+
+def _checked_params(module: AnsibleModule) -> tuple[dict[str, str], list[str], str | None]:
+    """``(files, units, journal_unit)`` once every option is checked; a bad one ends the module."""
     params = module.params
     problem = timeout_error(params["timeout"])
     if problem:
@@ -474,6 +474,13 @@ def main() -> None:
                 _checked_path(f"token_probes[{index}].ca_file", target["ca_file"])
     except ValidationError as exc:
         module.fail_json(msg=str(exc))
+    return files, units, journal_unit
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    files, units, journal_unit = _checked_params(module)
     runner = Runner(params["timeout"])
     evidence: dict[str, Any] = {
         "files": {name: _file(path, params["max_bytes"]) for name, path in files.items()},

@@ -220,6 +220,36 @@ def main() -> None:
         module.fail_json(msg=str(exc), cmd=runner.ran[-1] if runner.ran else None)
 
 
+def _resolve_ports(module: AnsibleModule, runner: Runner, sys_root: str, devices: dict) -> dict:
+    """Fill each port's GID table, netdev, IPv4 addresses and RoCE v2 index; ``netdev_to_hca``."""
+    netdev_to_hca = {}
+    address_cache: dict[str, list[str]] = {}
+    for hca, device in devices.items():
+        fallback_netdev = _sysfs_netdev(sys_root, hca)
+        for number, port in device["ports"].items():
+            port_dir = os.path.join(sys_root, "class", "infiniband", hca, "ports", number)
+            sysfs = gid_table(read_sysfs_gids(port_dir, _read, _valid_netdev))
+            if sysfs:
+                port["gids"] = sysfs
+                port["gid_source"] = "sysfs"
+            else:
+                port["gid_source"] = "ibv_devinfo" if port.get("gids") else None
+            netdevs = sorted(
+                {entry["netdev"] for entry in port["gids"].values() if entry.get("netdev")}
+            )
+            netdev = netdevs[0] if len(netdevs) == 1 else fallback_netdev
+            port["netdev"] = netdev
+            if netdev:
+                netdev_to_hca[netdev] = {"hca": hca, "port": number}
+                if netdev not in address_cache:
+                    address_cache[netdev] = _ipv4_addresses(module, runner, netdev)
+            port["ipv4_addresses"] = address_cache.get(netdev, []) if netdev else []
+            index = roce_v2_ipv4_index(port["gids"], port["ipv4_addresses"], netdev)
+            port["roce_v2_gid_index"] = index
+            port["roce_v2_gid"] = port["gids"][str(index)]["gid"] if index is not None else None
+    return netdev_to_hca
+
+
 def _facts(module: AnsibleModule, runner: Runner) -> None:
     sys_root = module.params["sys_root"]
     try:
@@ -272,31 +302,7 @@ def _facts(module: AnsibleModule, runner: Runner) -> None:
     if wanted:
         devices = {name: devices[name] for name in wanted}
 
-    netdev_to_hca = {}
-    address_cache: dict[str, list[str]] = {}
-    for hca, device in devices.items():
-        fallback_netdev = _sysfs_netdev(sys_root, hca)
-        for number, port in device["ports"].items():
-            port_dir = os.path.join(sys_root, "class", "infiniband", hca, "ports", number)
-            sysfs = gid_table(read_sysfs_gids(port_dir, _read, _valid_netdev))
-            if sysfs:
-                port["gids"] = sysfs
-                port["gid_source"] = "sysfs"
-            else:
-                port["gid_source"] = "ibv_devinfo" if port.get("gids") else None
-            netdevs = sorted(
-                {entry["netdev"] for entry in port["gids"].values() if entry.get("netdev")}
-            )
-            netdev = netdevs[0] if len(netdevs) == 1 else fallback_netdev
-            port["netdev"] = netdev
-            if netdev:
-                netdev_to_hca[netdev] = {"hca": hca, "port": number}
-                if netdev not in address_cache:
-                    address_cache[netdev] = _ipv4_addresses(module, runner, netdev)
-            port["ipv4_addresses"] = address_cache.get(netdev, []) if netdev else []
-            index = roce_v2_ipv4_index(port["gids"], port["ipv4_addresses"], netdev)
-            port["roce_v2_gid_index"] = index
-            port["roce_v2_gid"] = port["gids"][str(index)]["gid"] if index is not None else None
+    netdev_to_hca = _resolve_ports(module, runner, sys_root, devices)
     module.exit_json(
         changed=False,
         ansible_facts={

@@ -217,38 +217,39 @@ def _check_params(module: AnsibleModule) -> None:
         module.fail_json(msg=str(exc))
 
 
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "url": {"type": "str", "default": "http://127.0.0.1:8000"},
-            "model": {"type": "str", "required": True},
-            "units": {"type": "list", "elements": "str", "default": []},
-            "timeout": {"type": "int", "default": 600},
-            "prompt": {"type": "str", "default": "Say OK."},
-            "api_key": {"type": "str", "no_log": True},
-            "ca_path": {"type": "path"},
-        },
-        supports_check_mode=True,
-    )
-    _check_params(module)
-    params = module.params
-    base = params["url"].rstrip("/")
-    started = time.monotonic()
-    deadline = started + params["timeout"]
-    runner = Runner(SYSTEMCTL_TIMEOUT)
-    systemctl = module.get_bin_path("systemctl") if params["units"] else None
-    if params["units"] and not systemctl:
-        module.fail_json(msg=f"units {params['units']} given but systemctl is not on this host")
-    states: dict[str, dict[str, str]] = {}
+ARGUMENT_SPEC = {
+    "url": {"type": "str", "default": "http://127.0.0.1:8000"},
+    "model": {"type": "str", "required": True},
+    "units": {"type": "list", "elements": "str", "default": []},
+    "timeout": {"type": "int", "default": 600},
+    "prompt": {"type": "str", "default": "Say OK."},
+    "api_key": {"type": "str", "no_log": True},
+    "ca_path": {"type": "path"},
+}
 
-    def read_units() -> dict[str, dict[str, str]]:
+
+class _UnitWatch:
+    """The units the probe waits on: a unit that fails or restarts ends the wait."""
+
+    def __init__(self, module: AnsibleModule, deadline: float) -> None:
+        self.module = module
+        self.units = module.params["units"]
+        self.deadline = deadline
+        self.runner = Runner(SYSTEMCTL_TIMEOUT)
+        self.systemctl = module.get_bin_path("systemctl") if self.units else None
+        if self.units and not self.systemctl:
+            module.fail_json(msg=f"units {self.units} given but systemctl is not on this host")
+        self.states: dict[str, dict[str, str]] = {}
+        self.baseline = {u: int(s.get("NRestarts") or 0) for u, s in self.read().items()}
+
+    def read(self) -> dict[str, dict[str, str]]:
         found = {}
-        for unit in params["units"]:
-            limit = max(1.0, min(SYSTEMCTL_TIMEOUT, deadline - time.monotonic() + 5))
+        for unit in self.units:
+            limit = max(1.0, min(SYSTEMCTL_TIMEOUT, self.deadline - time.monotonic() + 5))
             try:
-                rc, out, err = runner.run([systemctl, "show", *SHOW, unit], timeout=limit)
+                rc, out, err = self.runner.run([self.systemctl, "show", *SHOW, unit], timeout=limit)
             except CommandError as exc:
-                module.fail_json(msg=f"watching unit {unit}: {exc}", unit_state=states)
+                self.module.fail_json(msg=f"watching unit {unit}: {exc}", unit_state=self.states)
             found[unit] = parse_show(out) if rc == 0 else {}
             if rc != 0 or not found[unit].get("LoadState"):
                 # A unit whose state cannot be read could never end the wait by failing.
@@ -257,24 +258,25 @@ def main() -> None:
                     if rc != 0
                     else "systemctl show gave no LoadState"
                 )
-                module.fail_json(
+                self.module.fail_json(
                     msg=f"units: cannot watch {unit}: {why}; check the unit name"
                     " ('systemctl list-units --all') and that systemd runs on this host",
                     unit_state=found,
                 )
         return found
 
-    baseline = {u: int(s.get("NRestarts") or 0) for u, s in read_units().items()}
-
-    def check_units() -> None:
-        nonlocal states
-        states = read_units()
-        for unit, show in states.items():
-            why = unit_failed(show, baseline.get(unit, 0))
+    def check(self) -> None:
+        self.states = self.read()
+        for unit, show in self.states.items():
+            why = unit_failed(show, self.baseline.get(unit, 0))
             if why:
-                module.fail_json(msg=f"{unit}: {why} before the first token", unit_state=states)
+                self.module.fail_json(
+                    msg=f"{unit}: {why} before the first token", unit_state=self.states
+                )
 
-    check_units()
+
+def _start_probe(params: dict, base: str, deadline: float) -> tuple[queue.Queue, threading.Event]:
+    """The probe thread (health, then one streamed completion) and its events."""
     body = json.dumps(
         {
             "model": params["model"],
@@ -292,55 +294,73 @@ def main() -> None:
         daemon=True,
     )
     worker.start()
+    return events, stop
+
+
+def _wait(module, events, watch, started, deadline):
+    """Wait for the first token until ``deadline``; returns ``(health, reader)`` if none came."""
     health: float | None = None
     reader: SseReader | None = None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return health, reader
+        try:
+            kind, payload = events.get(timeout=min(UNIT_POLL, left))
+        except queue.Empty:
+            watch.check()
+            continue
+        if kind == "health":
+            health = payload - started
+        elif kind == "sent":
+            reader = payload[1]
+        elif kind == "token":
+            token, sent, now = payload
+            module.exit_json(
+                changed=False,
+                health_seconds=round(health or 0.0, 3),
+                first_token_seconds=round(now - started, 3),
+                request_first_token_seconds=round(now - sent, 3),
+                first_token=token,
+                unit_state=watch.states,
+            )
+        elif kind == "http":
+            module.fail_json(msg=f"the probe request failed with {payload}", unit_state=watch.states)
+        elif kind == "error":
+            watch.check()
+            module.fail_json(msg=f"the probe request failed: {payload}", unit_state=watch.states)
+        else:
+            module.fail_json(
+                msg=f"the stream ended without a generated token ({payload})",
+                unit_state=watch.states,
+            )
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    _check_params(module)
+    params = module.params
+    base = params["url"].rstrip("/")
+    started = time.monotonic()
+    deadline = started + params["timeout"]
+    watch = _UnitWatch(module, deadline)
+    watch.check()
+    events, stop = _start_probe(params, base, deadline)
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                kind, payload = events.get(timeout=min(UNIT_POLL, left))
-            except queue.Empty:
-                check_units()
-                continue
-            if kind == "health":
-                health = payload - started
-            elif kind == "sent":
-                reader = payload[1]
-            elif kind == "token":
-                token, sent, now = payload
-                module.exit_json(
-                    changed=False,
-                    health_seconds=round(health or 0.0, 3),
-                    first_token_seconds=round(now - started, 3),
-                    request_first_token_seconds=round(now - sent, 3),
-                    first_token=token,
-                    unit_state=states,
-                )
-            elif kind == "http":
-                module.fail_json(msg=f"the probe request failed with {payload}", unit_state=states)
-            elif kind == "error":
-                check_units()
-                module.fail_json(msg=f"the probe request failed: {payload}", unit_state=states)
-            else:
-                module.fail_json(
-                    msg=f"the stream ended without a generated token ({payload})",
-                    unit_state=states,
-                )
+        health, reader = _wait(module, events, watch, started, deadline)
     finally:
         stop.set()
     if health is None:
         module.fail_json(
             msg=f"{base}/health did not answer 200 within {params['timeout']} s",
-            unit_state=states,
+            unit_state=watch.states,
         )
     what = reader.summary() if reader else "no response to the request"
     module.fail_json(
         msg=f"no generated token from {base}/v1/chat/completions within {params['timeout']} s"
         f" (/health answered after {health:.1f} s; the stream sent {what}): the server accepts"
         " requests but does not generate; check the engine log (vllm_log_facts)",
-        unit_state=states,
+        unit_state=watch.states,
     )
 
 
