@@ -280,8 +280,42 @@ def config(spec: dict[str, Any]) -> dict[str, Any]:
     )
     key_path = validate.path("ingress_key_path", spec.get("key_path"))
     tls = tls_spec(spec, listen=listen, head=head, port=port)
+    public, public_host = _public_url(spec.get("public_url"), tls, head=head, port=port)
+    models = spec.get("models")
+    routes = _routes(models, public)
+    site = f"{'[' + listen + ']' if ':' in listen else listen}:{port}" if listen else f":{port}"
+    result = {
+        "listen": site,
+        # How clients reach it: the CA they trust (ca_file on the head, client_ca_file on
+        # the controller), empty with mode off.
+        "tls": {k: tls[k] for k in ("mode", "names", "ca_file", "client_ca_file")},
+        "public_url": public,
+        "health_url": f"{public}/health",
+        "key_file": key_path,
+        "key_env": KEY_ENV,
+        "unit": unit,
+        "routes": sorted(routes, key=lambda r: r["prefix"]),
+        "base_urls": {r["model"]: r["base_url"] for r in routes},
+        # The first model listed: what a client that needs one URL uses.
+        "endpoint": f"{public}{route_prefix('ingress_models[0].name', models[0]['name'])}/v1",
+        "upstream_timeout": timeout,
+    }
+    return {
+        "result": result,
+        "caddyfile": caddyfile(
+            routes, site=site, head=head, unit=unit, timeout=timeout, dial=dial, tls=tls, port=port,
+            default_sni=public_host,
+        ),
+    }
+
+
+def _public_url(given: Any, tls: dict[str, Any], *, head: str, port: int) -> tuple[str, str]:
+    """``(public URL, its host)``: what clients use, checked against the TLS mode.
+
+    With TLS the public host joins the certificate's names (``tls["names"]``, first).
+    """
     scheme = "http" if tls["mode"] == "off" else "https"
-    public = spec.get("public_url") or f"{scheme}://{head}:{port}"
+    public = given or f"{scheme}://{head}:{port}"
     public = validate.text("ingress_public_url", public, max_length=300, strip_ok=False).rstrip("/")
     match = _PUBLIC_URL.fullmatch(public)
     if match is None:
@@ -302,7 +336,11 @@ def config(spec: dict[str, Any]) -> dict[str, Any]:
         public_host = validate.host("ingress_public_url (its host)", match.group("host"))
         if public_host not in tls["names"]:
             tls["names"].insert(0, public_host)
-    models = spec.get("models")
+    return public, match.group("host").strip("[]")
+
+
+def _routes(models: Any, public: str) -> list[dict[str, Any]]:
+    """One route per served model, longest prefix first; names that collide are refused."""
     if not isinstance(models, list) or not models:
         raise ValidationError(
             "ingress_models",
@@ -338,30 +376,7 @@ def config(spec: dict[str, Any]) -> dict[str, Any]:
         )
     # Longest prefix first: a route never hides a longer one it is a prefix of.
     routes.sort(key=lambda r: (-len(r["prefix"]), r["prefix"]))
-    site = f"{'[' + listen + ']' if ':' in listen else listen}:{port}" if listen else f":{port}"
-    result = {
-        "listen": site,
-        # How clients reach it: the CA they trust (ca_file on the head, client_ca_file on
-        # the controller), empty with mode off.
-        "tls": {k: tls[k] for k in ("mode", "names", "ca_file", "client_ca_file")},
-        "public_url": public,
-        "health_url": f"{public}/health",
-        "key_file": key_path,
-        "key_env": KEY_ENV,
-        "unit": unit,
-        "routes": sorted(routes, key=lambda r: r["prefix"]),
-        "base_urls": {r["model"]: r["base_url"] for r in routes},
-        # The first model listed: what a client that needs one URL uses.
-        "endpoint": f"{public}{route_prefix('ingress_models[0].name', models[0]['name'])}/v1",
-        "upstream_timeout": timeout,
-    }
-    return {
-        "result": result,
-        "caddyfile": caddyfile(
-            routes, site=site, head=head, unit=unit, timeout=timeout, dial=dial, tls=tls, port=port,
-            default_sni=match.group("host").strip("[]"),
-        ),
-    }
+    return routes
 
 
 def _json_error(message: str, status: int | str, code: str) -> str:
@@ -405,15 +420,6 @@ def caddyfile(
 ) -> str:
     """The whole Caddyfile; ``routes`` come from :func:`config` (validated, longest first)."""
     options, address, tls_lines = _site(site, tls, port, default_sni)
-    journal = f"journalctl -u {unit} -n 200 --no-pager"
-    # {$NAME} is replaced when the Caddyfile is adapted (start and reload), not at
-    # run time like {env.NAME}: a reload then takes a new key. An unset key is
-    # empty and refuses everything; the next key counts only while it is set.
-    header = "{http.request.header.Authorization}"
-    auth = (
-        f'`"{{${KEY_ENV}}}" != "" && ({header} == "Bearer {{${KEY_ENV}}}"'
-        f' || ("{{${NEXT_KEY_ENV}}}" != "" && {header} == "Bearer {{${NEXT_KEY_ENV}}}"))`'
-    )
     lines = [
         "# Managed by localinference.vllm (role ingress); the next run replaces it.",
         "# The API key is not in this file: Caddy takes it from the environment",
@@ -431,22 +437,55 @@ def caddyfile(
         "\t\trespond @health `ok` 200",
     ]
     for index, route in enumerate(routes):
-        lines += [
-            f"\t\t# {route['model']}: vLLM's /health, without the key.",
-            f"\t\t@health_{index} path {route['prefix']}/health",
-            f"\t\thandle @health_{index} {{",
-            f"\t\t\tvars ingress_model {route['prefix'][1:]}",
-            f"\t\t\tvars ingress_upstream {route['upstream']}",
-            "\t\t\trewrite * /health",
-            f"\t\t\treverse_proxy {route['upstream']} {{",
-            "\t\t\t\ttransport http {",
-            f"\t\t\t\t\tdial_timeout {dial}s",
-            "\t\t\t\t\tresponse_header_timeout 30s",
-            "\t\t\t\t}",
-            "\t\t\t}",
-            "\t\t}",
-        ]
+        lines += _health_route(index, route, dial)
+    lines += _key_check()
+    for index, route in enumerate(routes):
+        lines += _model_route(index, route, dial, timeout)
+    names = ", ".join(r["prefix"][1:] for r in sorted(routes, key=lambda r: r["prefix"]))
     lines += [
+        f"\t\theader Content-Type {_JSON}",
+        "\t\trespond "
+        + _json_error(
+            f"no such route: use /<model>/v1/... with a served model ({names})", 404, "not_found"
+        )
+        + " 404",
+        "\t}",
+        *_upstream_errors(head, unit),
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _health_route(index: int, route: dict[str, Any], dial: int) -> list[str]:
+    """A model's vLLM /health, without the key."""
+    return [
+        f"\t\t# {route['model']}: vLLM's /health, without the key.",
+        f"\t\t@health_{index} path {route['prefix']}/health",
+        f"\t\thandle @health_{index} {{",
+        f"\t\t\tvars ingress_model {route['prefix'][1:]}",
+        f"\t\t\tvars ingress_upstream {route['upstream']}",
+        "\t\t\trewrite * /health",
+        f"\t\t\treverse_proxy {route['upstream']} {{",
+        "\t\t\t\ttransport http {",
+        f"\t\t\t\t\tdial_timeout {dial}s",
+        "\t\t\t\t\tresponse_header_timeout 30s",
+        "\t\t\t\t}",
+        "\t\t\t}",
+        "\t\t}",
+    ]
+
+
+def _key_check() -> list[str]:
+    """Everything after the health routes needs the current or the next key."""
+    # {$NAME} is replaced when the Caddyfile is adapted (start and reload), not at
+    # run time like {env.NAME}: a reload then takes a new key. An unset key is
+    # empty and refuses everything; the next key counts only while it is set.
+    header = "{http.request.header.Authorization}"
+    auth = (
+        f'`"{{${KEY_ENV}}}" != "" && ({header} == "Bearer {{${KEY_ENV}}}"'
+        f' || ("{{${NEXT_KEY_ENV}}}" != "" && {header} == "Bearer {{${NEXT_KEY_ENV}}}"))`'
+    )
+    return [
         "\t\t# Everything else needs the key; a request without it never reaches vLLM.",
         f"\t\t@denied not expression {auth}",
         '\t\theader @denied WWW-Authenticate `Bearer realm="localinference"`',
@@ -459,42 +498,42 @@ def caddyfile(
         )
         + " 401",
     ]
-    for index, route in enumerate(routes):
-        prefix = route["prefix"]
-        lines += [
-            # /metrics too (behind the key): qualification reads the engine's counters
-            f"\t\t@route_{index} path {prefix}/v1 {prefix}/v1/* {prefix}/metrics",
-            f"\t\thandle @route_{index} {{",
-            f"\t\t\tvars ingress_model {prefix[1:]}",
-            f"\t\t\tvars ingress_upstream {route['upstream']}",
-            f"\t\t\turi strip_prefix {prefix}",
-            f"\t\t\treverse_proxy {route['upstream']} {{",
-            "\t\t\t\t# The key stops here; vLLM runs without one on loopback.",
-            "\t\t\t\theader_up -Authorization",
-            # Caddy flushes an SSE or unsized answer at once by itself; an explicit
-            # flush_interval -1 would tie the stream to the config and a reload
-            # (a key rotation) would cut it (Caddy 2.6).
-            "\t\t\t\t# Streams (SSE) are flushed token by token as they are; an explicit",
-            "\t\t\t\t# flush interval of -1 would make a reload end the streams in flight.",
-            "\t\t\t\ttransport http {",
-            f"\t\t\t\t\tdial_timeout {dial}s",
-            "\t\t\t\t\t# A long prefill sends nothing for minutes (1,028 s to the",
-            "\t\t\t\t\t# first token of a 900K-token prompt on a Spark pair).",
-            f"\t\t\t\t\tresponse_header_timeout {timeout}s",
-            f"\t\t\t\t\tread_timeout {timeout}s",
-            "\t\t\t\t}",
-            "\t\t\t}",
-            "\t\t}",
-        ]
-    names = ", ".join(r["prefix"][1:] for r in sorted(routes, key=lambda r: r["prefix"]))
-    lines += [
-        f"\t\theader Content-Type {_JSON}",
-        "\t\trespond "
-        + _json_error(
-            f"no such route: use /<model>/v1/... with a served model ({names})", 404, "not_found"
-        )
-        + " 404",
-        "\t}",
+
+
+def _model_route(index: int, route: dict[str, Any], dial: int, timeout: int) -> list[str]:
+    """A model's API (and /metrics) behind the key, its prefix stripped, streams unbuffered."""
+    prefix = route["prefix"]
+    return [
+        # /metrics too (behind the key): qualification reads the engine's counters
+        f"\t\t@route_{index} path {prefix}/v1 {prefix}/v1/* {prefix}/metrics",
+        f"\t\thandle @route_{index} {{",
+        f"\t\t\tvars ingress_model {prefix[1:]}",
+        f"\t\t\tvars ingress_upstream {route['upstream']}",
+        f"\t\t\turi strip_prefix {prefix}",
+        f"\t\t\treverse_proxy {route['upstream']} {{",
+        "\t\t\t\t# The key stops here; vLLM runs without one on loopback.",
+        "\t\t\t\theader_up -Authorization",
+        # Caddy flushes an SSE or unsized answer at once by itself; an explicit
+        # flush_interval -1 would tie the stream to the config and a reload
+        # (a key rotation) would cut it (Caddy 2.6).
+        "\t\t\t\t# Streams (SSE) are flushed token by token as they are; an explicit",
+        "\t\t\t\t# flush interval of -1 would make a reload end the streams in flight.",
+        "\t\t\t\ttransport http {",
+        f"\t\t\t\t\tdial_timeout {dial}s",
+        "\t\t\t\t\t# A long prefill sends nothing for minutes (1,028 s to the",
+        "\t\t\t\t\t# first token of a 900K-token prompt on a Spark pair).",
+        f"\t\t\t\t\tresponse_header_timeout {timeout}s",
+        f"\t\t\t\t\tread_timeout {timeout}s",
+        "\t\t\t\t}",
+        "\t\t\t}",
+        "\t\t}",
+    ]
+
+
+def _upstream_errors(head: str, unit: str) -> list[str]:
+    """A 502/503/504 from a route: JSON that names the model, the head and how to look."""
+    journal = f"journalctl -u {unit} -n 200 --no-pager"
+    return [
         "\thandle_errors {",
         "\t\t@upstream_down expression `{http.error.status_code} in [502, 503, 504]`",
         f"\t\theader @upstream_down Content-Type {_JSON}",
@@ -516,9 +555,7 @@ def caddyfile(
         + " {http.error.status_code}",
         "\t\trespond `{http.error.status_code} {http.error.status_text}` {http.error.status_code}",
         "\t}",
-        "}",
     ]
-    return "\n".join(lines) + "\n"
 
 
 # --- exposure audit -----------------------------------------------------------
