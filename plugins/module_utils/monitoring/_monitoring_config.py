@@ -194,17 +194,7 @@ def config(spec: Any) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise ValidationError("monitoring", f"expected a mapping, got {validate.shown(spec)}", "pass a dict")
     head = validate.host("monitoring head (inventory_hostname)", spec.get("head"))
-    prom_host, prom_port = address(
-        "monitoring_prometheus_listen", spec.get("prometheus_listen"), allow_wildcard=True
-    )
-    am_host, am_port = address(
-        "monitoring_alertmanager_listen", spec.get("alertmanager_listen"), allow_wildcard=True
-    )
-    if prom_port == am_port and (prom_host == am_host or {prom_host, am_host} & _WILDCARDS):
-        raise ValidationError(
-            "monitoring_alertmanager_listen", f"port {am_port} is Prometheus's too",
-            "give Prometheus and Alertmanager different ports",
-        )
+    (prom_host, prom_port), (am_host, am_port) = _listens(spec)
     interval = rules.duration("monitoring_scrape_interval", spec.get("scrape_interval"), maximum=3600)
     evaluation = rules.duration(
         "monitoring_evaluation_interval", spec.get("evaluation_interval"), maximum=3600
@@ -221,7 +211,68 @@ def config(spec: Any) -> dict[str, Any]:
     checked_rules = rules.rules_spec(
         {key: spec.get(key) for key in rules.DEFAULTS} | {"watchdog": bool(watchdog), "watchdog_target": watchdog}
     )
-    vllm = spec.get("vllm_targets")
+    vllm = _vllm_targets(spec.get("vllm_targets"))
+    node_exporters, exporter_args = _node_exporters(spec, head)
+    prom_target = host_port("127.0.0.1" if prom_host in _WILDCARDS else prom_host, prom_port)
+    am_target = host_port("127.0.0.1" if am_host in _WILDCARDS else am_host, am_port)
+    scrape = [
+        {"job_name": JOB_PROMETHEUS, "static_configs": [{"targets": [prom_target]}]},
+        {"job_name": JOB_ALERTMANAGER, "static_configs": [{"targets": [am_target]}]},
+        {"job_name": rules.JOB_NODE, "static_configs": _static(node_exporters)},
+    ]
+    if vllm:
+        scrape.append({"job_name": rules.JOB_VLLM, "static_configs": _static(vllm)})
+    if watchdog:
+        # No node label: the watchdog's own series carry one (the node they describe).
+        scrape.append({"job_name": rules.JOB_WATCHDOG, "static_configs": [{"targets": [watchdog]}]})
+    prometheus = {
+        "global": {"scrape_interval": interval, "scrape_timeout": timeout, "evaluation_interval": evaluation},
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am_target]}]}]},
+        "rule_files": [paths["rules_path"]],
+        "scrape_configs": scrape,
+    }
+    url = webhook_url("monitoring_webhook_url", spec.get("webhook_url"))
+    args = _args(
+        paths, retention, host_port(prom_host, prom_port), host_port(am_host, am_port)
+    ) | {"node_exporter": exporter_args}
+    return {
+        "prometheus": prometheus,
+        "alertmanager": _alertmanager(url),
+        "args": args,
+        "rules": checked_rules,
+        "result": {
+            "scrape_interval_s": rules.seconds_of(interval),
+            "prometheus_url": f"http://{prom_target}",
+            "alertmanager_url": f"http://{am_target}",
+            "targets": {
+                rules.JOB_VLLM: vllm,
+                rules.JOB_NODE: node_exporters,
+                rules.JOB_WATCHDOG: [{"target": watchdog}] if watchdog else [],
+            },
+            "alerts": [alert.name for alert in rules.alerts(checked_rules)],
+            "rules_path": paths["rules_path"],
+            "webhook": bool(url),
+        },
+    }
+
+
+def _listens(spec: dict[str, Any]) -> tuple[tuple[str, int], tuple[str, int]]:
+    """Prometheus's and Alertmanager's ``(host, port)``; they may not share a port."""
+    prom_host, prom_port = address(
+        "monitoring_prometheus_listen", spec.get("prometheus_listen"), allow_wildcard=True
+    )
+    am_host, am_port = address(
+        "monitoring_alertmanager_listen", spec.get("alertmanager_listen"), allow_wildcard=True
+    )
+    if prom_port == am_port and (prom_host == am_host or {prom_host, am_host} & _WILDCARDS):
+        raise ValidationError(
+            "monitoring_alertmanager_listen", f"port {am_port} is Prometheus's too",
+            "give Prometheus and Alertmanager different ports",
+        )
+    return (prom_host, prom_port), (am_host, am_port)
+
+
+def _vllm_targets(vllm: Any) -> list[dict[str, str]]:
     if not isinstance(vllm, list) or not all(
         isinstance(t, dict) and set(t) == {"node", "target"} for t in vllm
     ):
@@ -229,6 +280,11 @@ def config(spec: Any) -> dict[str, Any]:
             "monitoring vllm targets", f"expected [{{node, target}}], got {validate.shown(vllm)}",
             "set monitoring_vllm_targets or let the role read serving.json",
         )
+    return vllm
+
+
+def _node_exporters(spec: dict[str, Any], head: str) -> tuple[list[dict[str, str]], dict[str, str]]:
+    """``([{node, target}], {node: ARGS})``: each node's exporter on its cluster address."""
     ne_port = validate.port("monitoring_node_exporter_port", spec.get("node_exporter_port"))
     ne_nodes = spec.get("node_exporter_nodes")
     if not isinstance(ne_nodes, list) or not ne_nodes:
@@ -248,30 +304,15 @@ def config(spec: Any) -> dict[str, Any]:
         listen = host_port(host, ne_port)
         node_exporters.append({"node": node, "target": listen})
         exporter_args[node] = f"--web.listen-address={_argv_word('monitoring_node_exporter_port', listen)}"
-    prom_target = host_port("127.0.0.1" if prom_host in _WILDCARDS else prom_host, prom_port)
-    am_target = host_port("127.0.0.1" if am_host in _WILDCARDS else am_host, am_port)
-    prom_listen, am_listen = host_port(prom_host, prom_port), host_port(am_host, am_port)
-    scrape = [
-        {"job_name": JOB_PROMETHEUS, "static_configs": [{"targets": [prom_target]}]},
-        {"job_name": JOB_ALERTMANAGER, "static_configs": [{"targets": [am_target]}]},
-        {"job_name": rules.JOB_NODE, "static_configs": _static(node_exporters)},
-    ]
-    if vllm:
-        scrape.append({"job_name": rules.JOB_VLLM, "static_configs": _static(vllm)})
-    if watchdog:
-        # No node label: the watchdog's own series carry one (the node they describe).
-        scrape.append({"job_name": rules.JOB_WATCHDOG, "static_configs": [{"targets": [watchdog]}]})
-    prometheus = {
-        "global": {"scrape_interval": interval, "scrape_timeout": timeout, "evaluation_interval": evaluation},
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am_target]}]}]},
-        "rule_files": [paths["rules_path"]],
-        "scrape_configs": scrape,
-    }
+    return node_exporters, exporter_args
+
+
+def _alertmanager(url: str) -> dict[str, Any]:
+    """alertmanager.yml: one receiver, the webhook when one is set."""
     receiver: dict[str, Any] = {"name": RECEIVER}
-    url = webhook_url("monitoring_webhook_url", spec.get("webhook_url"))
     if url:
         receiver["webhook_configs"] = [{"url": url, "send_resolved": True}]
-    alertmanager = {
+    return {
         "route": {
             "receiver": RECEIVER,
             "group_by": ["alertname", "node"],
@@ -281,6 +322,10 @@ def config(spec: Any) -> dict[str, Any]:
         },
         "receivers": [receiver],
     }
+
+
+def _args(paths: dict[str, str], retention: str, prom_listen: str, am_listen: str) -> dict[str, Any]:
+    """The ARGS= line of Prometheus's and Alertmanager's environment files."""
     words = {
         "prometheus": [
             f"--config.file={paths['prometheus_config']}",
@@ -294,27 +339,7 @@ def config(spec: Any) -> dict[str, Any]:
             "--cluster.listen-address=",
         ],
     }
-    args = {name: " ".join(_argv_word(f"monitoring ARGS of {name}", w) for w in ws) for name, ws in words.items()}
-    args["node_exporter"] = exporter_args
-    return {
-        "prometheus": prometheus,
-        "alertmanager": alertmanager,
-        "args": args,
-        "rules": checked_rules,
-        "result": {
-            "scrape_interval_s": rules.seconds_of(interval),
-            "prometheus_url": f"http://{prom_target}",
-            "alertmanager_url": f"http://{am_target}",
-            "targets": {
-                rules.JOB_VLLM: vllm,
-                rules.JOB_NODE: node_exporters,
-                rules.JOB_WATCHDOG: [{"target": watchdog}] if watchdog else [],
-            },
-            "alerts": [alert.name for alert in rules.alerts(checked_rules)],
-            "rules_path": paths["rules_path"],
-            "webhook": bool(url),
-        },
-    }
+    return {name: " ".join(_argv_word(f"monitoring ARGS of {name}", w) for w in ws) for name, ws in words.items()}
 
 
 def health(active: Any) -> list[dict[str, str]]:
