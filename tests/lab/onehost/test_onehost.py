@@ -81,7 +81,7 @@ def test_the_fabric_result_says_single_host():
 
 def test_the_endpoint_streams_a_token_through_the_ingress():
     assert ENDPOINT_FILE.read_text().strip() == (
-        "http://127.0.0.1:18082/localinference/tiny-deepseek/v1"
+        "https://127.0.0.1:18082/localinference/tiny-deepseek/v1"
     )
     assert MODEL in [model["id"] for model in served_models()]
     token = first_token(timeout=120)
