@@ -205,7 +205,9 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
-    timeout_error,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._facts_module import (
+    run_facts,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
@@ -441,9 +443,6 @@ ARGUMENT_SPEC: dict[str, Any] = {
 def _checked_params(module: AnsibleModule) -> tuple[dict[str, str], list[str], str | None]:
     """``(files, units, journal_unit)`` once every option is checked; a bad one ends the module."""
     params = module.params
-    problem = timeout_error(params["timeout"])
-    if problem:
-        module.fail_json(msg=problem)
     if not 1 <= params["journal_lines"] <= MAX_JOURNAL_LINES:
         module.fail_json(
             msg=f"journal_lines must be between 1 and {MAX_JOURNAL_LINES}, "
@@ -479,9 +478,12 @@ def _checked_params(module: AnsibleModule) -> tuple[dict[str, str], list[str], s
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_facts(module, "doctor_evidence", lambda runner: _evidence(module, runner))
+
+
+def _evidence(module: AnsibleModule, runner: Runner) -> dict[str, Any]:
     params = module.params
     files, units, journal_unit = _checked_params(module)
-    runner = Runner(params["timeout"])
     evidence: dict[str, Any] = {
         "files": {name: _file(path, params["max_bytes"]) for name, path in files.items()},
         "units": {unit: _show(module, runner, unit) for unit in units},
@@ -498,7 +500,7 @@ def main() -> None:
         shown = evidence["units"].get(journal_unit) or _show(module, runner, journal_unit)
         since = parse_show(shown["stdout"]).get("ExecMainStartTimestamp") or None
         evidence["journal"] = _journal(module, runner, journal_unit, since)
-    module.exit_json(changed=False, ansible_facts={"doctor_evidence": evidence})
+    return evidence
 
 
 if __name__ == "__main__":

@@ -91,9 +91,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common import 
     _validate as validate,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
-    CommandError,
     Runner,
-    timeout_error,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._facts_module import (
+    run_facts,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
@@ -128,9 +129,10 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    problem = timeout_error(module.params["timeout"])
-    if problem:
-        module.fail_json(msg=problem)
+    run_facts(module, "ethtool", lambda runner: _facts(module, runner))
+
+
+def _facts(module: AnsibleModule, runner: Runner) -> dict:
     if not module.params["interfaces"]:
         module.fail_json(msg="interfaces: give at least one interface name to read")
     try:
@@ -138,14 +140,6 @@ def main() -> None:
             interface_name(f"interfaces[{position}]", name)
     except ValidationError as exc:
         module.fail_json(msg=f"{exc}. Fix the interface name in the inventory.")
-    runner = Runner(module.params["timeout"])
-    try:
-        _facts(module, runner)
-    except CommandError as exc:
-        module.fail_json(msg=str(exc), cmd=runner.ran[-1] if runner.ran else None)
-
-
-def _facts(module: AnsibleModule, runner: Runner) -> None:
     try:
         validate.existing_directory("sys_root", module.params["sys_root"], must_exist=False)
     except validate.ValidationError as exc:
@@ -186,7 +180,7 @@ def _facts(module: AnsibleModule, runner: Runner) -> None:
         entry["operstate"] = _sys(os.path.join(net, name, "operstate"))
         entry["mac_address"] = _sys(os.path.join(net, name, "address"))
         facts[name] = entry
-    module.exit_json(changed=False, ansible_facts={"ethtool": facts})
+    return facts
 
 
 if __name__ == "__main__":

@@ -131,9 +131,12 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
-    CommandError,
     Runner,
-    timeout_error,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._facts_module import (
+    Absent,
+    WhenAbsent,
+    run_facts,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_facts import (
     QUERY_FIELDS,
@@ -155,15 +158,11 @@ HINT = (
 )
 
 
-def _absent(module: AnsibleModule, why: str) -> None:
-    if module.params["required"]:
-        module.fail_json(
-            msg=f"{why}; gpu_facts was called with required=true. Install the NVIDIA driver or set required=false."
-        )
-    module.exit_json(
-        changed=False,
-        ansible_facts={"gpu": build_facts([], None, None, None) | {"absent_reason": why}},
-    )
+WHEN_ABSENT = WhenAbsent(
+    name="gpu_facts",
+    fix="Install the NVIDIA driver or set required=false.",
+    facts=lambda why: build_facts([], None, None, None) | {"absent_reason": why},
+)
 
 
 def main() -> None:
@@ -177,17 +176,10 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    problem = timeout_error(module.params["timeout"])
-    if problem:
-        module.fail_json(msg=problem)
-    runner = Runner(module.params["timeout"])
-    try:
-        _facts(module, runner)
-    except CommandError as exc:
-        module.fail_json(msg=str(exc), cmd=runner.ran[-1] if runner.ran else None)
+    run_facts(module, "gpu", lambda runner: _facts(module, runner), absent=WHEN_ABSENT)
 
 
-def _facts(module: AnsibleModule, runner: Runner) -> None:
+def _facts(module: AnsibleModule, runner: Runner) -> dict:
     binary = module.params["nvidia_smi"]
     path = (
         (binary if os.access(binary, os.X_OK) else None)
@@ -195,11 +187,11 @@ def _facts(module: AnsibleModule, runner: Runner) -> None:
         else module.get_bin_path(binary)
     )
     if not path:
-        _absent(module, f"{binary} not found in PATH")
+        raise Absent(f"{binary} not found in PATH")
 
     rc, table_out, err = runner.run([path], HINT)
     if rc != 0:
-        _absent(module, f"'{binary}' failed with rc={rc}: {(err or table_out).strip()[:500]}")
+        raise Absent(f"'{binary}' failed with rc={rc}: {(err or table_out).strip()[:500]}")
     try:
         table = parse_table(table_out)
         if module.params["source"] == "xml":
@@ -224,7 +216,7 @@ def _facts(module: AnsibleModule, runner: Runner) -> None:
         module.fail_json(msg=f"Could not parse the output of {binary} (nvidia_smi): {exc}")
 
     if not gpus:
-        _absent(module, "nvidia-smi reports no GPU")
+        raise Absent("nvidia-smi reports no GPU")
 
     meminfo = None
     if any(gpu["memory_total_mib"] is None for gpu in gpus):
@@ -235,7 +227,7 @@ def _facts(module: AnsibleModule, runner: Runner) -> None:
             module.fail_json(
                 msg=f"GPU reports no memory (unified memory) and {module.params['meminfo_path']} is unreadable: {exc}"
             )
-    module.exit_json(changed=False, ansible_facts={"gpu": build_facts(gpus, driver, cuda, meminfo)})
+    return build_facts(gpus, driver, cuda, meminfo)
 
 
 if __name__ == "__main__":

@@ -156,7 +156,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common import 
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
-    timeout_error,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._facts_module import (
+    run_facts,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.preflight._nccl_probe import PROBE
 from ansible_collections.localinference.vllm.plugins.module_utils.weights._manifest import (
@@ -180,9 +182,9 @@ def _read(path: str) -> str | None:
 
 
 class Gatherer:
-    def __init__(self, module: AnsibleModule) -> None:
+    def __init__(self, module: AnsibleModule, runner: Runner) -> None:
         self.module = module
-        self.runner = Runner(module.params["timeout"])
+        self.runner = runner
         self.notes: list[str] = []
 
     def run(self, argv: list[str], timeout: float | None = None) -> str | None:
@@ -356,10 +358,12 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    for option in ("timeout", "engine_timeout"):
-        problem = timeout_error(module.params[option], option)
-        if problem:
-            module.fail_json(msg=problem)
+    run_facts(
+        module, "host_stack", lambda runner: _facts(module, runner), ("timeout", "engine_timeout")
+    )
+
+
+def _facts(module: AnsibleModule, runner: Runner) -> dict:
     try:
         validate.existing_directory("proc_root", module.params["proc_root"], must_exist=False)
         validate.existing_directory("sys_root", module.params["sys_root"], must_exist=False)
@@ -371,7 +375,7 @@ def main() -> None:
         module.fail_json(
             msg=f"Cannot read {proc_root}/meminfo: is proc_root={proc_root} a procfs mount?"
         )
-    gather = Gatherer(module)
+    gather = Gatherer(module, runner)
     infiniband = os.path.join(module.params["sys_root"], "class", "infiniband")
     try:
         rdma = sorted(os.listdir(infiniband))[:64]
@@ -393,7 +397,7 @@ def main() -> None:
         "disk": _disk(module, gather.notes),
     }
     facts["notes"] = gather.notes
-    module.exit_json(changed=False, ansible_facts={"host_stack": facts})
+    return facts
 
 
 if __name__ == "__main__":

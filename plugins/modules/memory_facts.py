@@ -143,6 +143,9 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._facts_module import (
+    run_facts,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
     ProcParseError,
     memory_summary,
@@ -231,6 +234,10 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
+    run_facts(module, "memory", lambda _runner: _facts(module), timeouts=())
+
+
+def _facts(module: AnsibleModule) -> dict:
     try:
         for option in ("proc_root", "sys_root"):  # absent: reported below as unreadable
             validate.existing_directory(option, module.params[option], must_exist=False)
@@ -283,7 +290,7 @@ def main() -> None:
     facts["other_users"] = other_users_processes(
         _processes(proc_root), own_uids, module.params["min_uid"], module.params["top_processes"]
     )
-    module.exit_json(changed=False, ansible_facts={"memory": facts})
+    return facts
 
 
 if __name__ == "__main__":

@@ -115,9 +115,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common import 
     _validate as validate,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
-    CommandError,
     Runner,
-    timeout_error,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._facts_module import (
+    Absent,
+    WhenAbsent,
+    run_facts,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
@@ -205,19 +208,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    problem = timeout_error(module.params["timeout"])
-    if problem:
-        module.fail_json(msg=problem)
-    try:
-        for position, name in enumerate(module.params["devices"]):
-            rdma_device_name(f"devices[{position}]", name)
-    except ValidationError as exc:
-        module.fail_json(msg=str(exc))
-    runner = Runner(module.params["timeout"])
-    try:
-        _facts(module, runner)
-    except CommandError as exc:
-        module.fail_json(msg=str(exc), cmd=runner.ran[-1] if runner.ran else None)
+    run_facts(module, "rdma", lambda runner: _facts(module, runner), absent=WHEN_ABSENT)
 
 
 def _resolve_ports(module: AnsibleModule, runner: Runner, sys_root: str, devices: dict) -> dict:
@@ -250,25 +241,24 @@ def _resolve_ports(module: AnsibleModule, runner: Runner, sys_root: str, devices
     return netdev_to_hca
 
 
-def _facts(module: AnsibleModule, runner: Runner) -> None:
+WHEN_ABSENT = WhenAbsent(
+    name="rdma_facts",
+    fix="Install rdma-core and the NIC driver, or set required=false for a node without RDMA.",
+    facts=lambda why: {"present": False, "absent_reason": why, "devices": {}, "netdev_to_hca": {}},
+)
+
+
+def _facts(module: AnsibleModule, runner: Runner) -> dict:
+    try:
+        for position, name in enumerate(module.params["devices"]):
+            rdma_device_name(f"devices[{position}]", name)
+    except ValidationError as exc:
+        module.fail_json(msg=str(exc))
     sys_root = module.params["sys_root"]
     try:
         validate.existing_directory("sys_root", sys_root, must_exist=False)
     except validate.ValidationError as exc:
         module.fail_json(msg=str(exc))
-
-    def absent(why: str) -> None:
-        if module.params["required"]:
-            module.fail_json(
-                msg=f"{why}; rdma_facts was called with required=true. Install rdma-core and the NIC driver, "
-                "or set required=false for a node without RDMA."
-            )
-        module.exit_json(
-            changed=False,
-            ansible_facts={
-                "rdma": {"present": False, "absent_reason": why, "devices": {}, "netdev_to_hca": {}}
-            },
-        )
 
     binary = module.params["ibv_devinfo"]
     path = (
@@ -277,10 +267,10 @@ def _facts(module: AnsibleModule, runner: Runner) -> None:
         else module.get_bin_path(binary)
     )
     if not path:
-        absent(f"{binary} not found in PATH")
+        raise Absent(f"{binary} not found in PATH")
     rc, out, err = runner.run([path, "-v"], HINT)
     if rc != 0 or "No IB devices found" in (out + err):
-        absent(f"'{binary} -v' found no device (rc={rc}): {(err or out).strip()[:200]}")
+        raise Absent(f"'{binary} -v' found no device (rc={rc}): {(err or out).strip()[:200]}")
     try:
         devices = parse_ibv_devinfo(out)
     except RdmaParseError as exc:
@@ -303,12 +293,7 @@ def _facts(module: AnsibleModule, runner: Runner) -> None:
         devices = {name: devices[name] for name in wanted}
 
     netdev_to_hca = _resolve_ports(module, runner, sys_root, devices)
-    module.exit_json(
-        changed=False,
-        ansible_facts={
-            "rdma": {"present": bool(devices), "devices": devices, "netdev_to_hca": netdev_to_hca}
-        },
-    )
+    return {"present": bool(devices), "devices": devices, "netdev_to_hca": netdev_to_hca}
 
 
 if __name__ == "__main__":

@@ -158,9 +158,10 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
-    CommandError,
     Runner,
-    timeout_error,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._facts_module import (
+    run_facts,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
@@ -263,9 +264,6 @@ def _check_params(module: AnsibleModule) -> None:
     memory = params["kv_memory_gib"]
     if memory is not None and (not math.isfinite(memory) or memory <= 0):
         module.fail_json(msg=f"kv_memory_gib must be positive and finite, got {memory}")
-    problem = timeout_error(params["timeout"])
-    if problem:
-        module.fail_json(msg=problem)
     for option in ("unit", "since", "host", "recipe_hash"):
         value = params[option]
         if value is None:
@@ -298,12 +296,13 @@ def main() -> None:
         supports_check_mode=True,
     )
     _check_params(module)
-    runner = Runner(module.params["timeout"])
+    run_facts(module, "vllm_log", lambda runner: _facts(module, runner))
+
+
+def _facts(module: AnsibleModule, runner: Runner) -> dict:
     empty = False
     try:
         text = read_text(module, runner)
-    except CommandError as exc:
-        module.fail_json(msg=str(exc), cmd=runner.ran[-1] if runner.ran else None)
     except LogEmptyError as exc:
         if not module.params["empty_ok"]:
             module.fail_json(msg=str(exc))
@@ -330,7 +329,7 @@ def main() -> None:
         kv_memory_gib=module.params["kv_memory_gib"],
     )
     facts["lines_read"] = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
-    module.exit_json(changed=False, ansible_facts={"vllm_log": facts})
+    return facts
 
 
 if __name__ == "__main__":
