@@ -382,6 +382,37 @@ def worst_boot_bound(fit: Fit, boots: list[Boot]) -> tuple[float, Boot | None]:
     return factor, bounding
 
 
+def _check_plan_options(
+    min_concurrency: float,
+    preferred_concurrency: float | None,
+    granularity: int,
+    model_max_len: int | None,
+    available_kv_gib: float | None,
+    per_token_kib: float | None,
+    min_length: int,
+    memory_source: str,
+) -> None:
+    """Refuse options no plan can be made from, each by its name."""
+    _number(min_concurrency, "min_concurrency", 0.0, strict=True)
+    if preferred_concurrency is not None:
+        _number(preferred_concurrency, "preferred_concurrency", 0.0, strict=True)
+    if isinstance(granularity, bool) or not isinstance(granularity, int) or granularity < 1:
+        raise KvInputError(f"granularity must be a positive integer, got {_shown(granularity)}")
+    if model_max_len is not None:
+        _whole(model_max_len, "model_max_len", 0)
+        if model_max_len < granularity:
+            raise KvInputError(
+                f"model_max_len {model_max_len} is below granularity {granularity}: no context"
+                " that is a multiple of the granularity fits the model; lower granularity or"
+                " check model_max_len (max_position_embeddings)"
+            )
+    if available_kv_gib is not None:
+        _number(available_kv_gib, memory_source, 0.0, strict=True)
+    if per_token_kib is not None:
+        _number(per_token_kib, "per_token_kib", 0.0, strict=True)
+    _number(min_length, "min_length", 0.0)
+
+
 def plan_kv(
     observations: list[Any] | None,
     available_kv_gib: float | None = None,
@@ -403,24 +434,10 @@ def plan_kv(
     ``constant_per_token`` says the model's KV cost per token is constant (plain
     attention): a plan from one length may then go beyond it.
     """
-    _number(min_concurrency, "min_concurrency", 0.0, strict=True)
-    if preferred_concurrency is not None:
-        _number(preferred_concurrency, "preferred_concurrency", 0.0, strict=True)
-    if isinstance(granularity, bool) or not isinstance(granularity, int) or granularity < 1:
-        raise KvInputError(f"granularity must be a positive integer, got {_shown(granularity)}")
-    if model_max_len is not None:
-        _whole(model_max_len, "model_max_len", 0)
-        if model_max_len < granularity:
-            raise KvInputError(
-                f"model_max_len {model_max_len} is below granularity {granularity}: no context"
-                " that is a multiple of the granularity fits the model; lower granularity or"
-                " check model_max_len (max_position_embeddings)"
-            )
-    if available_kv_gib is not None:
-        _number(available_kv_gib, memory_source, 0.0, strict=True)
-    if per_token_kib is not None:
-        _number(per_token_kib, "per_token_kib", 0.0, strict=True)
-    _number(min_length, "min_length", 0.0)
+    _check_plan_options(
+        min_concurrency, preferred_concurrency, granularity, model_max_len,
+        available_kv_gib, per_token_kib, min_length, memory_source,
+    )
     entries = normalise_observations(observations or [])
     if not entries and available_kv_gib is None:
         raise KvInputError(
@@ -456,36 +473,31 @@ def plan_kv(
             plans[index] = (key, plan)
     plan["model"]["notes"].extend(notes)
     plan["calibration_recipe_hash"] = key
-    plan["calibrations"] = [
-        {
-            "recipe_hash": other_key,
-            "boots": len(other["boots"]),
-            "max_model_len": other["max_model_len"],
-            "guaranteed_max_model_len": other["guaranteed_max_model_len"],
-            "calibrated": other["calibrated"],
-            "worst_memory": other["memory"]["worst"],
-            "unit": other["model"]["unit"],
-            "chosen": other is plan,
-        }
-        for other_key, other in plans
-    ]
+    plan["calibrations"] = [_calibration_row(other_key, other, plan) for other_key, other in plans]
     return plan
 
 
-def _plan_calibration(
-    entries: list[dict[str, Any]],
+def _calibration_row(key: str | None, other: dict[str, Any], chosen: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "recipe_hash": key,
+        "boots": len(other["boots"]),
+        "max_model_len": other["max_model_len"],
+        "guaranteed_max_model_len": other["guaranteed_max_model_len"],
+        "calibrated": other["calibrated"],
+        "worst_memory": other["memory"]["worst"],
+        "unit": other["model"]["unit"],
+        "chosen": other is chosen,
+    }
+
+
+def _calibration_fit(
+    boots: list[Any],
     available_kv_gib: float | None,
     per_token_kib: float | None,
-    min_concurrency: float,
-    preferred_concurrency: float | None,
-    granularity: int,
-    model_max_len: int | None,
-    min_length: int,
     memory_source: str,
     constant_per_token: bool,
-) -> dict[str, Any]:
-    """The plan for one calibration (the observations of one recipe)."""
-    boots = group_boots(entries)
+) -> Fit:
+    """The fit of one calibration's boots; a given memory needs a per-token cost in memory."""
     fit = (
         fit_boots(boots, constant_per_token)
         if boots
@@ -508,6 +520,14 @@ def _plan_calibration(
             ["per-token cost from per_token_kib, assuming no fixed per-request cost (a=0)"],
             calibration="per_token_kib",
         )
+    return fit
+
+
+def _plan_memories(
+    fit: Fit, boots: list[Any], available_kv_gib: float | None, memory_source: str
+) -> tuple[list[float], str, float]:
+    """``(memory per boot, its source, worst-boot factor)``: scaled so no boot is planned
+    above what it held."""
     if available_kv_gib is not None:
         memories = [float(available_kv_gib)]
         source = memory_source
@@ -524,6 +544,88 @@ def _plan_calibration(
             f" ({bounding.host or 'unknown host'}) more than its {bounding.kv_tokens} tokens:"
             f" memory scaled by {factor:.4f} so no boot is planned above what it held"
         )
+    return memories, source, factor
+
+
+def _at(fit: Fit, levels: dict[str, float], length: int) -> dict[str, Any]:
+    """Concurrency and KV tokens at each memory level for one context length."""
+    conc = {k: round(predict_concurrency(fit, m, length), 4) for k, m in levels.items()}
+    tokens = {k: predict_tokens(fit, m, length) for k, m in levels.items()}
+    return {"max_model_len": length, "concurrency": conc, "kv_tokens": tokens}
+
+
+def _active_sequences(fit: Fit, worst: float, chosen: int, granularity: int) -> list[dict[str, int]]:
+    """How long 1, 2 and 4 requests at once may each be at the chosen context."""
+    sequences = []
+    step = min(granularity, 1024)
+    if chosen > 0:
+        for count in (1, 2, 4):
+            each = min(chosen, _floor(sequence_tokens(fit, worst, count), step))
+            sequences.append(
+                {"sequences": count, "tokens_per_sequence": each, "total_tokens": each * count}
+            )
+    return sequences
+
+
+def _boot_rows(fit: Fit, boots: list[Any]) -> list[dict[str, Any]]:
+    """The boots behind the plan, smallest memory first."""
+    return [
+        {
+            "max_model_len": b.max_model_len,
+            "kv_tokens": b.kv_tokens,
+            "memory": round(boot_memory(fit, b), 4),
+            "memory_logged": b.memory_gib is not None,
+            "weakest_rank": b.weakest_rank,
+            "host": b.host,
+            "version": b.version,
+            "profiling_skipped": b.profiling_skipped,
+            "source": b.source,
+            "memory_observed": b.memory_observed,
+        }
+        for b in sorted(boots, key=lambda b: boot_memory(fit, b))
+    ]
+
+
+def _option(
+    fit: Fit,
+    levels: dict[str, float],
+    boots: list[Any],
+    length: int,
+    chosen: int,
+    min_concurrency: float,
+    preferred_concurrency: float | None,
+) -> dict[str, Any]:
+    """One context the operator may pick instead, with what it keeps and what it gives up."""
+    row = _at(fit, levels, length)
+    row["meets_min_concurrency"] = row["concurrency"]["worst"] >= min_concurrency
+    row["meets_preferred_concurrency"] = (
+        None
+        if preferred_concurrency is None
+        else row["concurrency"]["worst"] >= preferred_concurrency
+    )
+    row["chosen"] = length == chosen
+    row["within_evidence"] = not fit.bounded or length <= max(
+        (b.max_model_len for b in boots), default=0
+    )
+    return row
+
+
+def _plan_calibration(
+    entries: list[dict[str, Any]],
+    available_kv_gib: float | None,
+    per_token_kib: float | None,
+    min_concurrency: float,
+    preferred_concurrency: float | None,
+    granularity: int,
+    model_max_len: int | None,
+    min_length: int,
+    memory_source: str,
+    constant_per_token: bool,
+) -> dict[str, Any]:
+    """The plan for one calibration (the observations of one recipe)."""
+    boots = group_boots(entries)
+    fit = _calibration_fit(boots, available_kv_gib, per_token_kib, memory_source, constant_per_token)
+    memories, source, factor = _plan_memories(fit, boots, available_kv_gib, memory_source)
     worst = min(memories)
     levels = spread(memories)
     cap = _floor(model_max_len, granularity) if model_max_len else None
@@ -548,33 +650,10 @@ def _plan_calibration(
         if preferred_met:
             chosen = min(guaranteed, preferred_len)
 
-    def at(length: int) -> dict[str, Any]:
-        conc = {k: round(predict_concurrency(fit, m, length), 4) for k, m in levels.items()}
-        tokens = {k: predict_tokens(fit, m, length) for k, m in levels.items()}
-        return {"max_model_len": length, "concurrency": conc, "kv_tokens": tokens}
-
-    sequences = []
-    step = min(granularity, 1024)
-    if chosen > 0:
-        for count in (1, 2, 4):
-            each = min(chosen, _floor(sequence_tokens(fit, worst, count), step))
-            sequences.append(
-                {"sequences": count, "tokens_per_sequence": each, "total_tokens": each * count}
-            )
-    options = []
-    for length in context_options(chosen, granularity, (guaranteed, preferred_len or 0)):
-        row = at(length)
-        row["meets_min_concurrency"] = row["concurrency"]["worst"] >= min_concurrency
-        row["meets_preferred_concurrency"] = (
-            None
-            if preferred_concurrency is None
-            else row["concurrency"]["worst"] >= preferred_concurrency
-        )
-        row["chosen"] = length == chosen
-        row["within_evidence"] = not fit.bounded or length <= max(
-            (b.max_model_len for b in boots), default=0
-        )
-        options.append(row)
+    options = [
+        _option(fit, levels, boots, length, chosen, min_concurrency, preferred_concurrency)
+        for length in context_options(chosen, granularity, (guaranteed, preferred_len or 0))
+    ]
     if bounds:
         concurrency, evidence = min(bounds.items(), key=lambda item: item[1])
         fit.notes.append(
@@ -582,7 +661,6 @@ def _plan_calibration(
             f" to hold {concurrency:g} request(s) in {worst:.4g} {fit.as_dict()['unit']} per rank;"
             f" to go further: {EVIDENCE_NEEDED}"
         )
-    ordered = sorted(boots, key=lambda b: boot_memory(fit, b))
     return {
         "max_model_len": chosen,
         "guaranteed_max_model_len": guaranteed,
@@ -597,25 +675,11 @@ def _plan_calibration(
         "memory_source": source,
         "memory": {k: round(v, 4) for k, v in levels.items()},
         "worst_boot_bound": round(factor, 6),
-        "concurrency": at(chosen)["concurrency"] if chosen else {},
-        "kv_tokens": at(chosen)["kv_tokens"] if chosen else {},
-        "active_sequences": sequences,
+        "concurrency": _at(fit, levels, chosen)["concurrency"] if chosen else {},
+        "kv_tokens": _at(fit, levels, chosen)["kv_tokens"] if chosen else {},
+        "active_sequences": _active_sequences(fit, worst, chosen, granularity),
         "options": options,
-        "boots": [
-            {
-                "max_model_len": b.max_model_len,
-                "kv_tokens": b.kv_tokens,
-                "memory": round(boot_memory(fit, b), 4),
-                "memory_logged": b.memory_gib is not None,
-                "weakest_rank": b.weakest_rank,
-                "host": b.host,
-                "version": b.version,
-                "profiling_skipped": b.profiling_skipped,
-                "source": b.source,
-                "memory_observed": b.memory_observed,
-            }
-            for b in ordered
-        ],
+        "boots": _boot_rows(fit, boots),
         "_fit": fit,
         "_levels": levels,
     }
