@@ -397,6 +397,18 @@ def lint_parallel(
     the attention and KV heads must divide by TP and every pipeline stage must
     hold a layer.
     """
+    tp, pp, dp = _parallel_sizes(recipe, nodes, gpus_per_node)
+    geometry = geometry or {}
+    heads, kv_heads, layers = (geometry.get(k) for k in ("attention_heads", "kv_heads", "layers"))
+    return _spread_findings(tp, pp, dp, nodes, gpus_per_node, heads, layers) + _geometry_findings(
+        tp, pp, heads, kv_heads, layers
+    )
+
+
+def _parallel_sizes(
+    recipe: dict[str, Any], nodes: Any, gpus_per_node: Any
+) -> tuple[int, int, int]:
+    """``(tp, pp, dp)`` of the recipe (1 when unset), with the cluster's counts checked."""
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise RecipeInputError(f"nodes must be the number of hosts in vllm_cluster, got {nodes!r}")
     if gpus_per_node is not None and (
@@ -410,8 +422,19 @@ def lint_parallel(
             raise RecipeInputError(f"recipe.{key} must be 1 or more, got {value}")
         sizes[key] = value or 1
     tp, pp, dp = (sizes[k] for k in sizes)
-    geometry = geometry or {}
-    heads, kv_heads, layers = (geometry.get(k) for k in ("attention_heads", "kv_heads", "layers"))
+    return tp, pp, dp
+
+
+def _spread_findings(
+    tp: int,
+    pp: int,
+    dp: int,
+    nodes: int,
+    gpus_per_node: int | None,
+    heads: int | None,
+    layers: int | None,
+) -> list[dict[str, str]]:
+    """The ranks spread evenly over the nodes and match the GPUs each node gives the engine."""
     ranks = tp * pp * dp
     layout = f"tensor_parallel_size x pipeline_parallel_size = {tp} x {pp}"
     layout += f" x data_parallel_size {dp}" if dp > 1 else ""
@@ -454,6 +477,15 @@ def lint_parallel(
                 + " or change vllm_recipe.devices",
             )
         )
+    return found
+
+
+def _geometry_findings(
+    tp: int, pp: int, heads: int | None, kv_heads: int | None, layers: int | None
+) -> list[dict[str, str]]:
+    """TP divides the attention heads and shards or replicates the KV heads; PP leaves each
+    stage a layer."""
+    found = []
     if heads is not None and heads % tp:
         divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
         found.append(
