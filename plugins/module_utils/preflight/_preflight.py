@@ -186,6 +186,19 @@ def rank_findings(
     """
     limits = check_thresholds(thresholds)
     shown = {name: str(thresholds[name]) for name in THRESHOLDS}
+    return _memory_findings(memory, free_bytes, limits, shown, host) + _shm_and_load_findings(
+        memory, limits, shown, host
+    )
+
+
+def _memory_findings(
+    memory: Mapping[str, Any],
+    free_bytes: int,
+    limits: Mapping[str, Any],
+    shown: Mapping[str, str],
+    host: str,
+) -> list[dict[str, Any]]:
+    """F4: too little free memory, swap in use, or memory pressure already."""
     out = []
     minimum = limits["preflight_min_free_memory_gib"]
     if free_bytes < minimum * GIB:
@@ -229,6 +242,14 @@ def rank_findings(
                 check="psi",
             )
         )
+    return out
+
+
+def _shm_and_load_findings(
+    memory: Mapping[str, Any], limits: Mapping[str, Any], shown: Mapping[str, str], host: str
+) -> list[dict[str, Any]]:
+    """F13: /dev/shm too full for the offload pool; F5: a saturated node."""
+    out = []
     shm = memory["shm"]
     if shm["free_bytes"] < limits["preflight_min_shm_free_gib"] * GIB:
         out.append(
@@ -535,9 +556,28 @@ def report(
             f"Weakest rank: {where} with {weakest['free_gib']} GiB free ({weakest['source']}); {advice}"
         )
     lines.append("")
-    lines.append(
+    lines += _table(nodes, silent, weakest)
+    lines += _gpu_lines(nodes, weakest)
+    for rank in nodes.values():
+        if rank.get("findings"):
+            lines.append("")
+            lines.extend(_finding_line(f) for f in rank["findings"])
+    for host, verdict in silent.items():
+        lines.append("")
+        lines.append(f"{host} did not answer and is {str(verdict['advice']).strip()}")
+        lines.extend(f"  {item}" for item in verdict.get("evidence", []))
+    return lines + _other_users_lines(nodes)
+
+
+def _table(
+    nodes: Mapping[str, Mapping[str, Any]],
+    silent: Mapping[str, Mapping[str, Any]],
+    weakest: Mapping[str, Any] | None,
+) -> list[str]:
+    """One row per node; a node that did not answer shows its class instead of figures."""
+    lines = [
         _TABLE_ROW % ("", "HOST", "FREE GiB", "SWAP %", "PSI10", "SHM GiB", "LOAD/CPU", *_OTHERS)
-    )
+    ]
     for host, rank in nodes.items():
         psi = rank.get("psi_some_avg10")
         lines.append(
@@ -558,6 +598,14 @@ def report(
         lines.append(
             _TABLE_ROW % ("", host, "-", "-", "-", "-", "-", "-", verdict["class"].upper())
         )
+    return lines
+
+
+def _gpu_lines(
+    nodes: Mapping[str, Mapping[str, Any]], weakest: Mapping[str, Any] | None
+) -> list[str]:
+    """A node with several discrete GPUs: one line per GPU (each a rank), ``*`` the weakest."""
+    lines: list[str] = []
     for host, rank in nodes.items():
         cards = rank.get("gpus") or []
         if len(cards) > 1:
@@ -569,14 +617,12 @@ def report(
                 f"  {card['free_gib']:.2f} GiB free of {card['total_gib']:.2f} GiB"
                 for card in cards
             )
-    for rank in nodes.values():
-        if rank.get("findings"):
-            lines.append("")
-            lines.extend(_finding_line(f) for f in rank["findings"])
-    for host, verdict in silent.items():
-        lines.append("")
-        lines.append(f"{host} did not answer and is {str(verdict['advice']).strip()}")
-        lines.extend(f"  {item}" for item in verdict.get("evidence", []))
+    return lines
+
+
+def _other_users_lines(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Other users' largest processes per node: listed for their owners, never touched."""
+    lines: list[str] = []
     for host, rank in nodes.items():
         processes = rank["other_users"].get("top_processes") or []
         if processes:
