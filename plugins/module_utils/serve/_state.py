@@ -192,6 +192,25 @@ def check_document(
     def bad(key: str, problem: str) -> None:
         problems.append(f"{label}: {key}: {problem}")
 
+    _check_fields(document, trusted, bad)
+    order = document.get("start_order")
+    if _string_list(order):
+        trusted["start_order"] = _own_services(order, bad)
+    else:
+        bad("start_order", f"{_kind(order)} where a list of service names was expected")
+    units = document.get("units")
+    if not isinstance(units, list):
+        bad("units", f"{_kind(units)} where a list of unit records was expected")
+        units = []
+    trusted["units"] = _own_units(units, unit_dirs, bad)
+    trusted["valid"] = not problems
+    return trusted, problems
+
+
+def _check_fields(
+    document: dict[str, Any], trusted: dict[str, Any], bad: Callable[[str, str], None]
+) -> None:
+    """The schema, the recipe and its hash, the node, the argv lists and the environment."""
     if document.get("schema") != STATE_SCHEMA:
         bad("schema", f"is {json.dumps(document.get('schema'))}, expected {STATE_SCHEMA}")
     digest = document.get("recipe_hash")
@@ -213,22 +232,27 @@ def check_document(
         isinstance(environment, dict) and all(isinstance(v, str) for v in environment.values())
     ):
         bad("environment", f"{_kind(environment)} where an object of strings was expected")
-    order = document.get("start_order")
-    if _string_list(order):
-        for name in order:
-            if name in OWN_SERVICES and name not in trusted["start_order"]:
-                trusted["start_order"].append(name)
-            else:
-                bad(
-                    "start_order",
-                    f"{name[:80]!r} is not a service of this collection (or repeated)",
-                )
-    else:
-        bad("start_order", f"{_kind(order)} where a list of service names was expected")
-    units = document.get("units")
-    if not isinstance(units, list):
-        bad("units", f"{_kind(units)} where a list of unit records was expected")
-        units = []
+
+
+def _own_services(order: list[str], bad: Callable[[str, str], None]) -> list[str]:
+    """This collection's services of ``start_order``, each once; anything else is a problem."""
+    own: list[str] = []
+    for name in order:
+        if name in OWN_SERVICES and name not in own:
+            own.append(name)
+        else:
+            bad(
+                "start_order",
+                f"{name[:80]!r} is not a service of this collection (or repeated)",
+            )
+    return own
+
+
+def _own_units(
+    units: list[Any], unit_dirs: list[str] | tuple[str, ...], bad: Callable[[str, str], None]
+) -> list[dict[str, Any]]:
+    """The unit records that name this collection's units at their own paths, each once."""
+    own: list[dict[str, Any]] = []
     seen = set()
     for index, unit in enumerate(units):
         key = f"units[{index}]"
@@ -255,9 +279,8 @@ def check_document(
             bad(f"{key}.path", f"{path} is listed twice")
             continue
         seen.add(path)
-        trusted["units"].append({"name": name, "path": path, "sha256": checksum})
-    trusted["valid"] = not problems
-    return trusted, problems
+        own.append({"name": name, "path": path, "sha256": checksum})
+    return own
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any], depth: int = 0) -> None:
