@@ -39,3 +39,14 @@ attributes:
     support: N/A
     description: The module changes nothing.
 """
+
+    CHANGES = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+    description: Can run in check_mode and return changed status prediction without modifying target.
+  diff_mode:
+    support: full
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+"""

@@ -16,6 +16,8 @@ author:
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.FACTS
+  - localinference.vllm.node
+  - localinference.vllm.node.SYS_ROOT
 options:
   interfaces:
     description:
@@ -28,16 +30,7 @@ options:
       - Name or path of the C(ethtool) executable.
     type: str
     default: ethtool
-  sys_root:
-    description:
-      - Mount point of sysfs.
-    type: path
-    default: /sys
   timeout:
-    description:
-      - Seconds each C(ethtool) call may take. A call that does not finish in time is killed and fails the
-        module with the command named.
-    type: float
     default: 30
 notes:
   - An interface that does not exist fails the module with its name, so a typo in the inventory is caught here.

@@ -18,6 +18,8 @@ author:
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.FACTS
+  - localinference.vllm.node
+  - localinference.vllm.node.REQUIRED
 options:
   nvidia_smi:
     description:
@@ -36,18 +38,7 @@ options:
       - Where to read C(/proc/meminfo) for unified-memory GPUs.
     type: path
     default: /proc/meminfo
-  required:
-    description:
-      - Fail when C(nvidia-smi) is missing or reports no GPU.
-      - When V(false) such a host returns C(present=false).
-    type: bool
-    default: false
   timeout:
-    description:
-      - Seconds each C(nvidia-smi) call may take. A call that does not finish in time is killed and
-        fails the module with the command named (a wedged GPU driver must not hang preflight), also
-        when O(required=false).
-    type: float
     default: 30
 notes:
   - Commands run with C(LC_ALL=C).

@@ -25,17 +25,9 @@ author:
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.FACTS
+  - localinference.vllm.node.PROC_ROOT
+  - localinference.vllm.node.SYS_ROOT
 options:
-  proc_root:
-    description:
-      - Mount point of procfs.
-    type: path
-    default: /proc
-  sys_root:
-    description:
-      - Mount point of sysfs (for the RDMA devices).
-    type: path
-    default: /sys
   weights_path:
     description:
       - The directory the weights land in (a Hugging Face snapshot directory); it need not exist yet.

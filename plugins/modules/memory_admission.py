@@ -21,6 +21,7 @@ author:
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.INFO
+  - localinference.vllm.node.PROC_ROOT
 options:
   need_bytes:
     description:
@@ -32,11 +33,6 @@ options:
       - Memory that must remain free on top of O(need_bytes).
     type: int
     default: 0
-  proc_root:
-    description:
-      - Mount point of procfs.
-    type: path
-    default: /proc
   cgroup:
     description:
       - The cgroup to judge, as written in C(/proc/PID/cgroup) (for example C(/system.slice/localinference-vllm.service)).

@@ -19,17 +19,9 @@ author:
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.FACTS
+  - localinference.vllm.node.PROC_ROOT
+  - localinference.vllm.node.SYS_ROOT
 options:
-  proc_root:
-    description:
-      - Mount point of procfs.
-    type: path
-    default: /proc
-  sys_root:
-    description:
-      - Mount point of sysfs (for the cgroup memory limit).
-    type: path
-    default: /sys
   shm_path:
     description:
       - The shared-memory mount to measure.

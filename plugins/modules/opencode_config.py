@@ -26,12 +26,7 @@ description:
 author:
   - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
-  - localinference.vllm.attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
+  - localinference.vllm.attributes.CHANGES
 options:
   path:
     description: The opencode config file, for example C(~/.config/opencode/opencode.json).

@@ -19,34 +19,22 @@ author:
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.FACTS
+  - localinference.vllm.node
+  - localinference.vllm.node.SYS_ROOT
+  - localinference.vllm.node.REQUIRED
 options:
   ibv_devinfo:
     description:
       - Name or path of the C(ibv_devinfo) executable.
     type: str
     default: ibv_devinfo
-  sys_root:
-    description:
-      - Mount point of sysfs. A recorded tree can be given here (the lab does so, because its kernel has no RDMA).
-    type: path
-    default: /sys
   devices:
     description:
       - Only report these HCAs (for example V(rocep1s0f0)). Empty means all.
     type: list
     elements: str
     default: []
-  required:
-    description:
-      - Fail when no RDMA device is found. When V(false) such a host returns C(present=false).
-    type: bool
-    default: false
   timeout:
-    description:
-      - Seconds each command (C(ibv_devinfo -v), C(ip -j -4 addr show)) may take. A command that does not
-        finish in time is killed and fails the module with the command named (a wedged RDMA driver must not
-        hang preflight).
-    type: float
     default: 30
 notes:
   - Commands run with C(LC_ALL=C).

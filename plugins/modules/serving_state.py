@@ -28,12 +28,7 @@ description:
     reported as an F10 difference (RV(differences), RV(live_findings)), never a traceback. Only
     this collection's unit names inside its unit directories are ever read, stopped or removed.
 extends_documentation_fragment:
-  - localinference.vllm.attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
+  - localinference.vllm.attributes.CHANGES
 options:
   recipe:
     description:

@@ -25,12 +25,7 @@ description:
 author:
   - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
-  - localinference.vllm.attributes
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
+  - localinference.vllm.attributes.CHANGES
 options:
   stage:
     description: The stage whose result this is.

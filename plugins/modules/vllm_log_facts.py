@@ -29,6 +29,7 @@ author:
 extends_documentation_fragment:
   - localinference.vllm.attributes
   - localinference.vllm.attributes.FACTS
+  - localinference.vllm.node
 options:
   path:
     description: A log file to read.
@@ -65,10 +66,6 @@ options:
         C(kv_cache_memory_bytes)). Otherwise the log's reserved or available KV memory is used.
     type: float
   timeout:
-    description:
-      - Seconds C(journalctl) or C(podman logs) may take. A command that does not finish in time is
-        killed and fails the module with the command named.
-    type: float
     default: 60
   empty_ok:
     description:
