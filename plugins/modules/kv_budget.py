@@ -325,6 +325,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._valida
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_input import (
     read_observations_file,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_judge import (
+    capacity_violations,
+    client_violations,
+    first_boot_violations,
+    weakest_rank_check,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model import (
     GIB,
     KvInputError,
@@ -416,74 +422,6 @@ def _pinned_kv(recipe: dict[str, Any]) -> tuple[int | None, str]:
     return None, ""
 
 
-def _weakest_rank_check(
-    weakest: dict[str, Any] | None, pinned: int | None
-) -> tuple[dict[str, Any], list[dict[str, str]]]:
-    if not weakest:
-        return {}, []
-    host = str(weakest.get("host") or "the weakest rank")
-    free = weakest.get("free_bytes")
-    if free is not None:
-        free_gib = (
-            validate.number("weakest_rank.free_bytes", free, minimum=0, maximum=MAX_BYTES) / GIB
-        )
-    elif weakest.get("free_gib") is not None:
-        free_gib = validate.number(
-            "weakest_rank.free_gib", weakest["free_gib"], minimum=0, maximum=MAX_BYTES // GIB
-        )
-    else:
-        raise KvInputError(
-            f"weakest_rank needs free_gib or free_bytes as a finite number, got {validate.shown(weakest)}"
-        )
-    if pinned is None:
-        return {"host": host, "fits": None}, []
-    fits = pinned <= free_gib * GIB
-    found = []
-    if not fits:
-        found.append(
-            {
-                "id": "F4",
-                "severity": "error",
-                "message": f"the recipe pins {pinned / GIB:.2f} GiB of KV cache per rank, but the"
-                f" weakest rank {host} has only {free_gib:.2f} GiB free (preflight): the start"
-                " would fail there, not on the head; free memory on that rank (other tenants,"
-                " swap) or pin less",
-            }
-        )
-    return {"host": host, "fits": fits}, found
-
-
-def _client_violations(client: dict[str, Any], length: int) -> list[dict[str, str]]:
-    found = []
-    floor = client["prompt_floor"]
-    if client["ok"] is not False:
-        return found
-    if floor is None:
-        # no floor to judge the budget by, but an output that leaves no input is wrong anyway
-        return [{"id": "F8", "severity": "error", "message": client["reason"]}]
-    if floor + client["output"] > length:
-        found.append(
-            {
-                "id": "F8",
-                "severity": "error",
-                "message": f"prompt floor {floor} + output_tokens {client['output']} ="
-                f" {floor + client['output']} > max_model_len {length}: full requests overflow;"
-                f" lower output_tokens or raise max_model_len by"
-                f" {client['additional_context_needed']}",
-            }
-        )
-    found.append(
-        {
-            "id": "F9",
-            "severity": "error",
-            "message": f"no sound opencode budget at max_model_len {length}: {client['reason']};"
-            f" {client['additional_context_needed']} more tokens of context are needed"
-            f" ({client['needed_context']})",
-        }
-    )
-    return found
-
-
 def _scheduled(recipe: dict[str, Any]) -> int | None:
     tokens, parallel = speculative_settings(recipe)
     batched = recipe.get("max_num_batched_tokens")
@@ -506,18 +444,8 @@ def _lint_only(
         "no boot observed yet: the plan cannot size the KV cache; the rollout records what vLLM"
         " reports at the first boot and the next plan uses it"
     )
-    violations: list[dict[str, str]] = []
-    if explicit is None:
-        violations.append(
-            {
-                "id": "F12",
-                "severity": "error",
-                "message": "max_model_len: plan needs at least one recorded boot (observations,"
-                " the head's observation file or inventory kv_observations) and there is none:"
-                " set an explicit vllm_recipe.max_model_len for the first boot",
-            }
-        )
-    weakest, found = _weakest_rank_check(params["weakest_rank"], pinned)
+    violations = first_boot_violations(explicit)
+    weakest, found = weakest_rank_check(params["weakest_rank"], pinned)
     scheduled = _scheduled(recipe)
     violations += found + lint_static(recipe) + _layout(params, recipe)
     violations += lint_scheduling(recipe, scheduled)
@@ -556,9 +484,8 @@ def _lint_only(
     }
 
 
-def compute(params: dict[str, Any]) -> dict[str, Any]:
-    """The whole kv_budget result; raises *InputError with the option named."""
-    recipe = _effective_recipe(params)
+def _explicit_len(params: dict[str, Any], recipe: dict[str, Any]) -> int | None:
+    """The recipe's explicit max_model_len once the token options are checked against it."""
     floor = params["prompt_floor"]
     for name in ("prompt_floor", "output_tokens", "reserved_tokens", "model_max_len"):
         if params[name] is not None and params[name] < 0:
@@ -569,11 +496,14 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
             f"recipe.max_model_len {explicit} is below prompt_floor {floor}: every agent request"
             " would be rejected; raise max_model_len (or set it to plan) or re-measure prompt_floor"
         )
-    observations = list(params["observations"]) + read_observations_file(
-        params["observations_path"]
-    )
+    return explicit
+
+
+def _kv_memory(
+    params: dict[str, Any], observations: list[Any], pinned: int | None, pinned_by: str
+) -> tuple[float | None, str]:
+    """The KV memory per rank the plan sizes with, in GiB, and where it comes from."""
     memory, source = params["available_kv_gib"], "available_kv_gib"
-    pinned, pinned_by = _pinned_kv(recipe)
     if memory is None and pinned is not None:
         has_memory = any(
             isinstance(o, dict) and (o.get("kv_memory_gib") or o.get("available_kv_gib"))
@@ -581,6 +511,19 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
         )
         if has_memory or params["per_token_kib"]:
             memory, source = pinned / GIB, pinned_by
+    return memory, source
+
+
+def compute(params: dict[str, Any]) -> dict[str, Any]:
+    """The whole kv_budget result; raises *InputError with the option named."""
+    recipe = _effective_recipe(params)
+    floor = params["prompt_floor"]
+    explicit = _explicit_len(params, recipe)
+    observations = list(params["observations"]) + read_observations_file(
+        params["observations_path"]
+    )
+    pinned, pinned_by = _pinned_kv(recipe)
+    memory, source = _kv_memory(params, observations, pinned, pinned_by)
     if not observations and memory is None and not params["per_token_kib"]:
         return _lint_only(params, recipe, explicit, pinned)
     min_length = 0
@@ -610,19 +553,8 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
             row["max_model_len"], floor, params["output_tokens"], params["reserved_tokens"]
         )["ok"]
     scheduled = _scheduled(recipe)
-    violations: list[dict[str, str]] = []
-    if length <= 0:
-        fit = plan["model"]
-        violations.append(
-            {
-                "id": "F12",
-                "severity": "error",
-                "message": f"the worst boot ({plan['memory']['worst']} {fit['unit']} per rank)"
-                f" holds no request of {params['granularity']} tokens at min_concurrency"
-                f" {params['min_concurrency']:g}: free memory (preflight) or lower min_concurrency",
-            }
-        )
-    weakest, weakest_violations = _weakest_rank_check(params["weakest_rank"], pinned)
+    violations = capacity_violations(plan, params["granularity"], params["min_concurrency"])
+    weakest, weakest_violations = weakest_rank_check(params["weakest_rank"], pinned)
     violations += weakest_violations
     violations += lint_static(recipe) + _layout(params, recipe)
     if explicit is not None:
@@ -632,7 +564,7 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
     violations += lint_scheduling(recipe, scheduled)
     violations += lint_offload(recipe, params["host_limits"])
     if served > 0:
-        violations += _client_violations(client, served)
+        violations += client_violations(client, served)
     if params["client_limits"]:
         violations += check_client_limits(params["client_limits"], served, floor)
     if plan["preferred_met"] is False:
