@@ -28,6 +28,7 @@ from __future__ import annotations
 import posixpath
 import re
 import unicodedata
+from dataclasses import dataclass
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
@@ -263,6 +264,49 @@ def _container(
     return lines
 
 
+@dataclass
+class _NodeUnits:
+    """What every unit of one node shares: the recipe, the node, the environment and paths."""
+
+    recipe: dict[str, Any]
+    node: Node
+    digest: str
+    guards: Guards | None
+    env: dict[str, str]
+    volumes: list[str]
+    gid_file: str | None
+    bin_dir: str
+
+    @property
+    def quadlet(self) -> bool:
+        return self.recipe["deploy_mode"] == "quadlet"
+
+    @property
+    def service_env_file(self) -> list[str]:
+        # systemd loads EnvironmentFile= before every command, ExecStartPre included: "-" lets
+        # the first start's gid-start run before the file exists (it fails the start itself).
+        return [f"EnvironmentFile=-{self.gid_file}"] if self.gid_file else []
+
+
+def _runtime_paths(
+    recipe: dict[str, Any], node: Node, digest: str
+) -> tuple[dict[str, str], list[str], str]:
+    """``(environment, volumes, model path)``: inside the container for Quadlet, on the host
+    otherwise."""
+    env = environment(recipe, node, digest)
+    if recipe["deploy_mode"] == "quadlet":
+        mount, model_path = model_location(node.weights_path, recipe["revision"])
+        env["VLLM_CACHE_ROOT"] = CONTAINER_CACHE
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{CONTAINER_CACHE}/inductor")
+        volumes = [f"{mount}:{CONTAINER_MODEL_ROOT}:ro", f"{recipe['cache_dir']}:{CONTAINER_CACHE}"]
+    else:
+        model_path = node.weights_path
+        env["VLLM_CACHE_ROOT"] = recipe["cache_dir"]
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{recipe['cache_dir']}/inductor")
+        volumes = []
+    return dict(sorted(env.items())), volumes, model_path
+
+
 def render_units(
     recipe: dict[str, Any],
     node: Node,
@@ -277,146 +321,32 @@ def render_units(
     names in the order they must start on this node. With ``guards`` on unified memory
     the units end with ``localinference.slice`` (never in ``start_order``).
     """
-    env = environment(recipe, node, digest)
-    quadlet = recipe["deploy_mode"] == "quadlet"
-    if quadlet:
-        mount, model_path = model_location(node.weights_path, recipe["revision"])
-        env["VLLM_CACHE_ROOT"] = CONTAINER_CACHE
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{CONTAINER_CACHE}/inductor")
-        volumes = [f"{mount}:{CONTAINER_MODEL_ROOT}:ro", f"{recipe['cache_dir']}:{CONTAINER_CACHE}"]
-    else:
-        model_path = node.weights_path
-        env["VLLM_CACHE_ROOT"] = recipe["cache_dir"]
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{recipe['cache_dir']}/inductor")
-        volumes = []
-    env = dict(sorted(env.items()))
+    env, volumes, model_path = _runtime_paths(recipe, node, digest)
     # The GID index is resolved at every start (ExecStartPre gid-start writes GID_ENV_FILE),
     # never frozen in the unit: Environment= would also win over --env-file in Podman.
     gid_file = None
     if guards is not None and guards.gid_argv:
         env.pop(GID_VARIABLE, None)
         gid_file = GID_ENV_FILE
-    # systemd loads EnvironmentFile= before every command, ExecStartPre included: "-" lets
-    # the first start's gid-start run before the file exists (it fails the start itself).
-    service_env_file = [f"EnvironmentFile=-{gid_file}"] if gid_file else []
     server = serve_argv(recipe, node, model_path)
     ray = ray_argv(recipe, node)
-    units = []
-    order = []
-    served = recipe["served_model_name"]
+    quadlet = recipe["deploy_mode"] == "quadlet"
     bin_dir = (
         posixpath.dirname(recipe["entrypoint"]) if quadlet else posixpath.join(venv_dir, "bin")
     )
-
+    shared = _NodeUnits(recipe, node, digest, guards, env, volumes, gid_file, bin_dir)
+    units = []
+    order = []
     if ray is not None:
-        ray_guards = _guard_lines(guards, admission=server is None, engine=True)
-        what = f"Ray {node.role} for {served} on {node.host}"
-        ray_env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
-        if quadlet:
-            lines = _header(digest, what) + _container(
-                recipe,
-                digest,
-                RAY_UNIT,
-                posixpath.join(bin_dir, "ray"),
-                ray,
-                ray_env,
-                [*volumes, f"{RAY_SESSION_DIR}:/tmp/ray"],
-                env_file=gid_file,
-            )
-            pre = [f"ExecStartPre=/usr/bin/mkdir -p {RAY_SESSION_DIR}", *ray_guards]
-            units.append(
-                {
-                    "name": f"{RAY_UNIT}.container",
-                    "content": _text(f"{RAY_UNIT}.container", lines + _service_tail(recipe, pre)),
-                }
-            )
-        else:
-            lines = [
-                *_header(digest, what),
-                "",
-                "[Service]",
-                "Type=exec",
-                *_env_lines(ray_env, dollar=False),
-                *service_env_file,
-                *_limits(recipe["ulimits"]),
-                f"ExecStart={_join([posixpath.join(bin_dir, 'ray'), *ray])}",
-                f"ExecStop={_join([posixpath.join(bin_dir, 'ray'), 'stop'])}",
-            ]
-            units.append(
-                {
-                    "name": f"{RAY_UNIT}.service",
-                    "content": _text(
-                        f"{RAY_UNIT}.service", lines + _service_tail(recipe, ray_guards)[2:]
-                    ),
-                }
-            )
+        units.append(_ray_unit(shared, ray, admission=server is None))
         order.append(f"{RAY_UNIT}.service")
-
     if server is not None:
-        server_guards = _guard_lines(guards, admission=True, engine=ray is None)
-        rank = f" rank {node.rank}/{node.nnodes}" if node.nnodes > 1 else ""
-        what = f"vLLM {served}{rank} on {node.host}"
-        after = [f"Requires={RAY_UNIT}.service", f"After={RAY_UNIT}.service"] if ray else []
-        headless = "--headless" in server
-        if quadlet:
-            if ray:
-                volumes = [*volumes, f"{RAY_SESSION_DIR}:/tmp/ray"]
-            lines = (
-                _header(digest, what)
-                + after
-                + _container(
-                    recipe,
-                    digest,
-                    SERVER_UNIT,
-                    recipe["entrypoint"],
-                    server,
-                    env,
-                    volumes,
-                    HEADLESS_STOP_SECONDS if headless else None,
-                    env_file=gid_file,
-                )
-            )
-            units.append(
-                {
-                    "name": f"{SERVER_UNIT}.container",
-                    "content": _text(
-                        f"{SERVER_UNIT}.container", lines + _service_tail(recipe, server_guards)
-                    ),
-                }
-            )
-        else:
-            lines = (
-                _header(digest, what)
-                + after
-                + [
-                    "",
-                    "[Service]",
-                    "Type=exec",
-                    *_env_lines(env, dollar=False),
-                    *service_env_file,
-                    *_limits(recipe["ulimits"]),
-                    f"ExecStart={_join([posixpath.join(bin_dir, 'vllm'), *server])}",
-                ]
-            )
-            units.append(
-                {
-                    "name": f"{SERVER_UNIT}.service",
-                    "content": _text(
-                        f"{SERVER_UNIT}.service",
-                        lines
-                        + _service_tail(
-                            recipe, server_guards, HEADLESS_STOP_SECONDS if headless else 120
-                        )[2:],
-                    ),
-                }
-            )
+        units.append(_server_unit(shared, server, ray))
         order.append(f"{SERVER_UNIT}.service")
-
     if guards is not None and guards.memory_max_bytes is not None:
         units.append(
             {"name": SLICE, "content": _text(SLICE, _slice_lines(digest, node.host, guards))}
         )
-
     return {
         "role": node.role,
         "units": units,
@@ -426,6 +356,93 @@ def render_units(
         "start_order": order,
         "model_path": model_path,
     }
+
+
+def _ray_unit(shared: _NodeUnits, ray: list[str], admission: bool) -> dict[str, str]:
+    """The Ray head or worker; it carries the admission check when no server runs here."""
+    recipe, digest = shared.recipe, shared.digest
+    ray_guards = _guard_lines(shared.guards, admission=admission, engine=True)
+    what = f"Ray {shared.node.role} for {recipe['served_model_name']} on {shared.node.host}"
+    ray_env = {k: v for k, v in shared.env.items() if k != "RAY_ADDRESS"}
+    if shared.quadlet:
+        lines = _header(digest, what) + _container(
+            recipe,
+            digest,
+            RAY_UNIT,
+            posixpath.join(shared.bin_dir, "ray"),
+            ray,
+            ray_env,
+            [*shared.volumes, f"{RAY_SESSION_DIR}:/tmp/ray"],
+            env_file=shared.gid_file,
+        )
+        pre = [f"ExecStartPre=/usr/bin/mkdir -p {RAY_SESSION_DIR}", *ray_guards]
+        return {
+            "name": f"{RAY_UNIT}.container",
+            "content": _text(f"{RAY_UNIT}.container", lines + _service_tail(recipe, pre)),
+        }
+    lines = [
+        *_header(digest, what),
+        "",
+        "[Service]",
+        "Type=exec",
+        *_env_lines(ray_env, dollar=False),
+        *shared.service_env_file,
+        *_limits(recipe["ulimits"]),
+        f"ExecStart={_join([posixpath.join(shared.bin_dir, 'ray'), *ray])}",
+        f"ExecStop={_join([posixpath.join(shared.bin_dir, 'ray'), 'stop'])}",
+    ]
+    return {
+        "name": f"{RAY_UNIT}.service",
+        "content": _text(f"{RAY_UNIT}.service", lines + _service_tail(recipe, ray_guards)[2:]),
+    }
+
+
+def _server_unit(shared: _NodeUnits, server: list[str], ray: list[str] | None) -> dict[str, str]:
+    """The vLLM server (or a headless rank); after Ray when Ray runs here."""
+    recipe, digest, node = shared.recipe, shared.digest, shared.node
+    server_guards = _guard_lines(shared.guards, admission=True, engine=ray is None)
+    rank = f" rank {node.rank}/{node.nnodes}" if node.nnodes > 1 else ""
+    what = f"vLLM {recipe['served_model_name']}{rank} on {node.host}"
+    after = [f"Requires={RAY_UNIT}.service", f"After={RAY_UNIT}.service"] if ray else []
+    headless = "--headless" in server
+    if shared.quadlet:
+        volumes = [*shared.volumes, f"{RAY_SESSION_DIR}:/tmp/ray"] if ray else shared.volumes
+        lines = (
+            _header(digest, what)
+            + after
+            + _container(
+                recipe,
+                digest,
+                SERVER_UNIT,
+                recipe["entrypoint"],
+                server,
+                shared.env,
+                volumes,
+                HEADLESS_STOP_SECONDS if headless else None,
+                env_file=shared.gid_file,
+            )
+        )
+        return {
+            "name": f"{SERVER_UNIT}.container",
+            "content": _text(
+                f"{SERVER_UNIT}.container", lines + _service_tail(recipe, server_guards)
+            ),
+        }
+    lines = (
+        _header(digest, what)
+        + after
+        + [
+            "",
+            "[Service]",
+            "Type=exec",
+            *_env_lines(shared.env, dollar=False),
+            *shared.service_env_file,
+            *_limits(recipe["ulimits"]),
+            f"ExecStart={_join([posixpath.join(shared.bin_dir, 'vllm'), *server])}",
+        ]
+    )
+    tail = _service_tail(recipe, server_guards, HEADLESS_STOP_SECONDS if headless else 120)[2:]
+    return {"name": f"{SERVER_UNIT}.service", "content": _text(f"{SERVER_UNIT}.service", lines + tail)}
 
 
 def _text(name: str, lines: list[str]) -> str:
