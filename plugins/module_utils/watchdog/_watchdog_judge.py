@@ -186,6 +186,29 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
     """
     now = look["time"]
     previous = state.get("previous") or {}
+    signs = _cluster_signs(look, previous, cfg)
+    findings = signs["findings"]
+    token = look.get("token") or {}
+    next_state = {"previous": look, "restarts": _budget(state, now, cfg),
+                  "bad_looks": 0, "first_bad_at": None, "ingress_bad_looks": 0}
+    verdict, target, evidence = _verdict(look, state, previous, signs, next_state)
+    if token.get("ok") is True:
+        next_state["last_good_at"] = now
+    else:
+        next_state["last_good_at"] = state.get("last_good_at")
+    if verdict == "healthy" and findings:
+        verdict = "degraded"
+        evidence = findings[0]["message"]
+    action = _action(verdict, target, token, signs, next_state, cfg)
+    return {"verdict": verdict, "target": target, "evidence": evidence, "findings": findings,
+            "action": action, "state": next_state,
+            "detect_seconds": _detect(state, next_state, now) if verdict in ("wedged", "down") else None}
+
+
+def _cluster_signs(
+    look: Mapping[str, Any], previous: Mapping[str, Any], cfg: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Every node's signs together: findings, units down, starting, link down or short, unreachable."""
     findings: list[dict[str, Any]] = []
     down, starting, link_down, mtu_low, unreachable = [], False, False, False, []
     for name, node in (look.get("nodes") or {}).items():
@@ -198,14 +221,25 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
         mtu_low |= signs["mtu_low"]
         if signs.get("unreachable"):
             unreachable.append(name)
+    return {"findings": findings, "down": down, "starting": starting, "link_down": link_down,
+            "mtu_low": mtu_low, "unreachable": unreachable}
+
+
+def _verdict(
+    look: Mapping[str, Any],
+    state: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    signs: dict[str, Any],
+    next_state: dict[str, Any],
+) -> tuple[str, str | None, str]:
+    """``(verdict, target, evidence)``, the first sign that explains the look; counts bad looks
+    in ``next_state`` and adds the wedge's finding to ``signs["findings"]``."""
+    now = look["time"]
     token, engine = look.get("token") or {}, look.get("engine") or {}
-    ingress = look.get("ingress_unit") or {}
+    down, unreachable = signs["down"], signs["unreachable"]
     moved = busy(look, previous)
     wedge = wedge_sign(look, previous, moved)
     no_answer = token.get("ok") is False and engine.get("health") != 200
-    next_state = {"previous": look, "restarts": _budget(state, now, cfg),
-                  "bad_looks": 0, "first_bad_at": None, "ingress_bad_looks": 0}
-
     verdict, target, evidence = "healthy", None, "the endpoint streams a token"
     if token.get("ok") is None:
         verdict, evidence = "unknown", f"the token probe did not run: {str(token.get('error'))[:200]}"
@@ -216,70 +250,92 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
         verdict = "degraded"
         evidence = (f"{', '.join(unreachable)} unreachable over the cluster link and no token: "
                     "waiting for the link (a restart cannot help while the ranks cannot meet)")
-    elif link_down and token.get("ok") is not True:
+    elif signs["link_down"] and token.get("ok") is not True:
         verdict, evidence = "degraded", "the cluster link is down: waiting for it, no restart"
-    elif mtu_low and token.get("ok") is not True:
+    elif signs["mtu_low"] and token.get("ok") is not True:
         verdict, evidence = "degraded", ("the cluster link runs below fabric.json's MTU, so the ranks' "
                                          "larger frames are dropped: waiting for it, no restart")
-    elif starting and token.get("ok") is not True and engine.get("health") != 200:
+    elif signs["starting"] and token.get("ok") is not True and engine.get("health") != 200:
         verdict, evidence = "degraded", "the engine is starting (within the boot grace): no verdict yet"
     elif token.get("ok") is False and engine.get("health") == 200 and moved:
         verdict = "degraded"
         evidence = (f"no token within {token.get('deadline_s')} s, but the engine processed "
                     f"{moved:g} tokens since the last look: saturated, not wedged")
     elif wedge or no_answer:
-        bad = int(state.get("bad_looks", 0)) + 1
-        first = state.get("first_bad_at") or now
-        next_state.update(bad_looks=bad, first_bad_at=first)
-        sign = wedge or (f"the engine has not answered /health ({engine.get('health')}) "
-                         "although its units are active")
-        evidence = f"{sign} ({bad} look{'s' if bad > 1 else ''})"
-        if bad >= WEDGE_LOOKS:
-            verdict, target = ("wedged" if wedge else "down"), "engine"
-            findings.append(finding("F28", "error", f"the engine answers /health but streams no token: {sign}",
-                                    F28_FIX) if wedge else finding(
-                "watchdog-no-answer", "error", sign, "the watchdog restarts it in the rollout's order"))
-        else:
-            verdict = "degraded"
+        return _engine_silent(wedge, engine, state, signs["findings"], next_state, now)
     elif token.get("ok") is False and engine.get("token_ok") is True:
-        # On two consecutive looks, as a wedge: at the edge of an engine's boot the ingress's
-        # probe can meet the engine a moment before it answers and the direct one after.
-        bad = int(state.get("ingress_bad_looks", 0)) + 1
-        next_state["ingress_bad_looks"] = bad
-        stopped = ingress.get("ActiveState") in ("failed", "inactive")
-        verdict, target = ("down", "ingress") if stopped or bad >= WEDGE_LOOKS else ("degraded", None)
-        evidence = (f"the engine streams directly but not through the ingress "
-                    f"({str(token.get('error'))[:160]}; {ingress.get('ActiveState', 'unit state unknown')}; "
-                    f"{bad} look{'s' if bad > 1 else ''})")
-    elif ingress.get("ActiveState") in ("failed", "inactive"):
+        return _ingress_silent(look, state, next_state)
+    elif (look.get("ingress_unit") or {}).get("ActiveState") in ("failed", "inactive"):
         verdict, target = "down", "ingress"
-        evidence = f"the ingress unit is {ingress.get('ActiveState')}"
-    if token.get("ok") is True:
-        next_state["last_good_at"] = now
-    else:
-        next_state["last_good_at"] = state.get("last_good_at")
-    if verdict == "healthy" and findings:
-        verdict = "degraded"
-        evidence = findings[0]["message"]
+        evidence = f"the ingress unit is {look['ingress_unit'].get('ActiveState')}"
+    return verdict, target, evidence
 
-    action = "none"
+
+def _engine_silent(
+    wedge: str | None,
+    engine: Mapping[str, Any],
+    state: Mapping[str, Any],
+    findings: list[dict[str, Any]],
+    next_state: dict[str, Any],
+    now: float,
+) -> tuple[str, str | None, str]:
+    """A wedge or an engine that does not answer: a verdict only on the WEDGE_LOOKS-th look."""
+    bad = int(state.get("bad_looks", 0)) + 1
+    first = state.get("first_bad_at") or now
+    next_state.update(bad_looks=bad, first_bad_at=first)
+    sign = wedge or (f"the engine has not answered /health ({engine.get('health')}) "
+                     "although its units are active")
+    evidence = f"{sign} ({bad} look{'s' if bad > 1 else ''})"
+    if bad < WEDGE_LOOKS:
+        return "degraded", None, evidence
+    findings.append(finding("F28", "error", f"the engine answers /health but streams no token: {sign}",
+                            F28_FIX) if wedge else finding(
+        "watchdog-no-answer", "error", sign, "the watchdog restarts it in the rollout's order"))
+    return ("wedged" if wedge else "down"), "engine", evidence
+
+
+def _ingress_silent(
+    look: Mapping[str, Any], state: Mapping[str, Any], next_state: dict[str, Any]
+) -> tuple[str, str | None, str]:
+    """The engine streams directly but not through the ingress."""
+    # On two consecutive looks, as a wedge: at the edge of an engine's boot the ingress's
+    # probe can meet the engine a moment before it answers and the direct one after.
+    token, ingress = look.get("token") or {}, look.get("ingress_unit") or {}
+    bad = int(state.get("ingress_bad_looks", 0)) + 1
+    next_state["ingress_bad_looks"] = bad
+    stopped = ingress.get("ActiveState") in ("failed", "inactive")
+    verdict, target = ("down", "ingress") if stopped or bad >= WEDGE_LOOKS else ("degraded", None)
+    evidence = (f"the engine streams directly but not through the ingress "
+                f"({str(token.get('error'))[:160]}; {ingress.get('ActiveState', 'unit state unknown')}; "
+                f"{bad} look{'s' if bad > 1 else ''})")
+    return verdict, target, evidence
+
+
+def _action(
+    verdict: str,
+    target: str | None,
+    token: Mapping[str, Any],
+    signs: dict[str, Any],
+    next_state: Mapping[str, Any],
+    cfg: Mapping[str, Any],
+) -> str:
+    """restart, restart-ingress, page (no recovery, or the budget is spent), hold or none."""
     if verdict in ("wedged", "down"):
         if not cfg["recover"]:
-            action = "page"
-        elif len(next_state["restarts"]) >= cfg["max_restarts"]:
-            action = "page"
-            findings.append(finding(
+            return "page"
+        if len(next_state["restarts"]) >= cfg["max_restarts"]:
+            signs["findings"].append(finding(
                 "watchdog-budget", "error",
                 f"restart budget spent: {len(next_state['restarts'])} restart(s) within "
                 f"{cfg['restart_window_s']:g} s; the watchdog only pages now",
                 "a restart loop hides the cause: read the incidents and the engine's log"))
-        else:
-            action = "restart-ingress" if target == "ingress" else "restart"
-    elif verdict == "degraded" and token.get("ok") is not True and (link_down or mtu_low or unreachable or starting):
-        action = "hold"
-    return {"verdict": verdict, "target": target, "evidence": evidence, "findings": findings,
-            "action": action, "state": next_state,
-            "detect_seconds": _detect(state, next_state, now) if verdict in ("wedged", "down") else None}
+            return "page"
+        return "restart-ingress" if target == "ingress" else "restart"
+    if verdict == "degraded" and token.get("ok") is not True and (
+        signs["link_down"] or signs["mtu_low"] or signs["unreachable"] or signs["starting"]
+    ):
+        return "hold"
+    return "none"
 
 
 def _detect(state: Mapping[str, Any], next_state: Mapping[str, Any], now: float) -> float:
