@@ -499,6 +499,26 @@ def verify(
     unknown = [p for p in selected if p not in entries]
     for rel in unknown:
         outcome.mismatched.append({"path": rel, "reason": "not in the manifest", "size": 0})
+    to_hash = _stat_pass(root, entries, selected, full, outcome)
+    _hash_pass(root, entries, to_hash, workers, drop_cache, outcome)
+    if paths is None and os.path.isdir(root):
+        listing = scan(root)
+        outcome.extra = sorted(set(listing.files) - set(entries))
+        # A broken entry the manifest does not list (a dangling link, a loop) would
+        # still be read by vLLM's glob: it must go, and a copy cannot fix it.
+        for rel, reason in sorted(listing.broken.items()):
+            if rel not in entries:
+                outcome.mismatched.append(
+                    {"path": rel, "reason": f"{reason}; not in the manifest: delete it", "size": 0}
+                )
+    outcome.mismatched.sort(key=lambda m: m["path"])
+    return outcome
+
+
+def _stat_pass(
+    root: str, entries: dict[str, Any], selected: list[str], full: bool, outcome: Outcome
+) -> list[str]:
+    """The files to hash: missing, odd or resized files fail here without being read."""
     to_hash: list[str] = []
     for rel in selected:
         entry = entries.get(rel)
@@ -525,6 +545,18 @@ def verify(
             )
         elif full or not same_mtime(entry["mtime_ns"], stat.st_mtime_ns):
             to_hash.append(rel)
+    return to_hash
+
+
+def _hash_pass(
+    root: str,
+    entries: dict[str, Any],
+    to_hash: list[str],
+    workers: int,
+    drop_cache: bool,
+    outcome: Outcome,
+) -> None:
+    """Hash ``to_hash``; a match with another mtime is to be touched back (``Outcome.touch``)."""
     results = hash_many(root, to_hash, workers=workers, drop_cache=drop_cache)
     for rel in to_hash:
         entry = entries[rel]
@@ -547,18 +579,6 @@ def verify(
             )
         elif not same_mtime(entry["mtime_ns"], res.mtime_ns):
             outcome.touch[rel] = entry["mtime_ns"]
-    if paths is None and os.path.isdir(root):
-        listing = scan(root)
-        outcome.extra = sorted(set(listing.files) - set(entries))
-        # A broken entry the manifest does not list (a dangling link, a loop) would
-        # still be read by vLLM's glob: it must go, and a copy cannot fix it.
-        for rel, reason in sorted(listing.broken.items()):
-            if rel not in entries:
-                outcome.mismatched.append(
-                    {"path": rel, "reason": f"{reason}; not in the manifest: delete it", "size": 0}
-                )
-    outcome.mismatched.sort(key=lambda m: m["path"])
-    return outcome
 
 
 def restore_mtimes(root: str, touch: dict[str, int]) -> None:

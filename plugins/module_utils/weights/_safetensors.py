@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from typing import Any
 
 # safetensors' own reader refuses headers above 100 MB.
 MAX_SAFETENSORS_HEADER = 100_000_000
@@ -75,43 +76,51 @@ def safetensors_header_check(
     if not isinstance(parsed, dict):
         raise ValueError("safetensors header is not a JSON object")
     data_len = file_size - 8 - header_len
-    spans: list[tuple[int, int, str]] = []
-    for name, info in parsed.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(info, dict):
-            raise ValueError(f"safetensors tensor {name!r}: entry is not an object")
-        dtype = info.get("dtype")
-        shape = info.get("shape")
-        offsets = info.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPE_BYTES:
-            raise ValueError(f"safetensors tensor {name!r}: unknown dtype {dtype!r:.80}")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise ValueError(f"safetensors tensor {name!r}: bad shape {shape!r:.80}")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(o, int) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1]
-        ):
-            raise ValueError(f"safetensors tensor {name!r}: bad data_offsets {offsets!r}")
-        elements = 1
-        for dim in shape:
-            elements *= dim
-            if elements > file_size * 8:  # more elements than bits: no such file
-                raise ValueError(
-                    f"safetensors tensor {name!r}: shape {shape!r} is larger than the file"
-                )
-        expected = elements * SAFETENSORS_DTYPE_BYTES[dtype]
-        if offsets[1] - offsets[0] != expected:
+    spans = sorted(
+        _tensor_span(name, info, file_size) for name, info in parsed.items() if name != "__metadata__"
+    )
+    _check_coverage(spans, data_len)
+    return {"tensors": len(spans), "header_bytes": header_len}
+
+
+def _tensor_span(name: str, info: Any, file_size: int) -> tuple[int, int, str]:
+    """``(begin, end, name)`` of one tensor, its bytes matching its dtype and shape."""
+    if not isinstance(info, dict):
+        raise ValueError(f"safetensors tensor {name!r}: entry is not an object")
+    dtype = info.get("dtype")
+    shape = info.get("shape")
+    offsets = info.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPE_BYTES:
+        raise ValueError(f"safetensors tensor {name!r}: unknown dtype {dtype!r:.80}")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise ValueError(f"safetensors tensor {name!r}: bad shape {shape!r:.80}")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        raise ValueError(f"safetensors tensor {name!r}: bad data_offsets {offsets!r}")
+    elements = 1
+    for dim in shape:
+        elements *= dim
+        if elements > file_size * 8:  # more elements than bits: no such file
             raise ValueError(
-                f"safetensors tensor {name!r}: {offsets[1] - offsets[0]} bytes for "
-                f"{dtype}{shape} (expected {expected:g})"
+                f"safetensors tensor {name!r}: shape {shape!r} is larger than the file"
             )
-        spans.append((offsets[0], offsets[1], name))
-    spans.sort()
+    expected = elements * SAFETENSORS_DTYPE_BYTES[dtype]
+    if offsets[1] - offsets[0] != expected:
+        raise ValueError(
+            f"safetensors tensor {name!r}: {offsets[1] - offsets[0]} bytes for "
+            f"{dtype}{shape} (expected {expected:g})"
+        )
+    return offsets[0], offsets[1], name
+
+
+def _check_coverage(spans: list[tuple[int, int, str]], data_len: int) -> None:
+    """The tensors, in order, cover the data section exactly: no hole, no overlap, no tail."""
     cursor = 0
     for begin, end, name in spans:
         if begin != cursor:
@@ -124,7 +133,6 @@ def safetensors_header_check(
             f"safetensors data section is {data_len} bytes but the tensors cover {cursor}"
             + (" (file truncated?)" if data_len < cursor else "")
         )
-    return {"tensors": len(spans), "header_bytes": header_len}
 
 
 def read_safetensors_summary(path: str) -> dict[str, int]:
