@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
+
 WORK_ROOM = 10240
 RESERVED_CAP = 20000
 OUTPUT_CAP = 32000
@@ -280,5 +282,9 @@ def _prompt_floor_findings(
     return found
 
 
+# The message says which limit to change; the client stage writes them from the served context.
+CLIENT_FIX = "rewrite the limits from the served context (--tags client)"
+
+
 def _finding(fid: str, severity: str, message: str) -> dict[str, str]:
-    return {"id": fid, "severity": severity, "message": message}
+    return finding(fid, severity, message, CLIENT_FIX)

@@ -16,6 +16,7 @@ from typing import Any
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
 
 GIB = 1024**3
 # 1 EiB: more memory than any node holds; a larger size is a typo or garbage.
@@ -85,8 +86,20 @@ def _truthy(value: Any) -> bool:
     return bool(value)
 
 
+# Where each finding is fixed; the message already says what to change.
+RECIPE_FIX = "change vllm_recipe as the message says, then run the plan again (--tags plan)"
+FIXES = {
+    "F2": "set vllm_recipe.max_model_len to the planned length or to plan, then run --tags plan",
+    "F12": "set vllm_recipe.max_model_len to the planned length or to plan, then run --tags plan",
+    "F16": "size the offload pool to the node (vllm_recipe.kv_offloading_size) or grow the limit"
+    " the message names, then run --tags preflight,plan",
+    "F27": "change vllm_recipe's parallel sizes or devices, or the hosts of vllm_cluster, then run"
+    " --tags plan",
+}
+
+
 def _v(fid: str, severity: str, message: str) -> dict[str, str]:
-    return {"id": fid, "severity": severity, "message": message}
+    return finding(fid, severity, message, FIXES.get(fid, RECIPE_FIX))
 
 
 def recipe_max_model_len(recipe: dict[str, Any]) -> int | None:
