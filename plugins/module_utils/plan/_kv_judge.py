@@ -16,6 +16,7 @@ from typing import Any
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model import (
     GIB,
     KvInputError,
@@ -51,16 +52,25 @@ def weakest_rank_check(
     found = []
     if not fits:
         found.append(
-            {
-                "id": "F4",
-                "severity": "error",
-                "message": f"the recipe pins {pinned / GIB:.2f} GiB of KV cache per rank, but the"
+            finding(
+                "F4",
+                "error",
+                f"the recipe pins {pinned / GIB:.2f} GiB of KV cache per rank, but the"
                 f" weakest rank {host} has only {free_gib:.2f} GiB free (preflight): the start"
                 " would fail there, not on the head; free memory on that rank (other tenants,"
                 " swap) or pin less",
-            }
+                f"free memory on {host} (--tags preflight lists who holds it) or lower"
+                " vllm_recipe.kv_cache_memory_bytes, then run --tags plan",
+            )
         )
     return {"host": host, "fits": fits}, found
+
+
+# The client budget is fitted to the served context: raise it or ask less of the client.
+CLIENT_FIX = (
+    "raise vllm_recipe.max_model_len by the tokens the message names, or lower the client's"
+    " output_tokens, then run --tags plan"
+)
 
 
 def client_violations(client: dict[str, Any], length: int) -> list[dict[str, str]]:
@@ -71,26 +81,28 @@ def client_violations(client: dict[str, Any], length: int) -> list[dict[str, str
         return found
     if floor is None:
         # no floor to judge the budget by, but an output that leaves no input is wrong anyway
-        return [{"id": "F8", "severity": "error", "message": client["reason"]}]
+        return [finding("F8", "error", client["reason"], CLIENT_FIX)]
     if floor + client["output"] > length:
         found.append(
-            {
-                "id": "F8",
-                "severity": "error",
-                "message": f"prompt floor {floor} + output_tokens {client['output']} ="
+            finding(
+                "F8",
+                "error",
+                f"prompt floor {floor} + output_tokens {client['output']} ="
                 f" {floor + client['output']} > max_model_len {length}: full requests overflow;"
                 f" lower output_tokens or raise max_model_len by"
                 f" {client['additional_context_needed']}",
-            }
+                CLIENT_FIX,
+            )
         )
     found.append(
-        {
-            "id": "F9",
-            "severity": "error",
-            "message": f"no sound opencode budget at max_model_len {length}: {client['reason']};"
+        finding(
+            "F9",
+            "error",
+            f"no sound opencode budget at max_model_len {length}: {client['reason']};"
             f" {client['additional_context_needed']} more tokens of context are needed"
             f" ({client['needed_context']})",
-        }
+            CLIENT_FIX,
+        )
     )
     return found
 
@@ -100,13 +112,15 @@ def first_boot_violations(explicit: int | None) -> list[dict[str, str]]:
     if explicit is not None:
         return []
     return [
-        {
-            "id": "F12",
-            "severity": "error",
-            "message": "max_model_len: plan needs at least one recorded boot (observations,"
+        finding(
+            "F12",
+            "error",
+            "max_model_len: plan needs at least one recorded boot (observations,"
             " the head's observation file or inventory kv_observations) and there is none:"
             " set an explicit vllm_recipe.max_model_len for the first boot",
-        }
+            "set vllm_recipe.max_model_len, roll out once (--tags plan,rollout), then plan from"
+            " the boot it records",
+        )
     ]
 
 
@@ -118,11 +132,13 @@ def capacity_violations(
         return []
     fit = plan["model"]
     return [
-        {
-            "id": "F12",
-            "severity": "error",
-            "message": f"the worst boot ({plan['memory']['worst']} {fit['unit']} per rank)"
+        finding(
+            "F12",
+            "error",
+            f"the worst boot ({plan['memory']['worst']} {fit['unit']} per rank)"
             f" holds no request of {granularity} tokens at min_concurrency"
             f" {min_concurrency:g}: free memory (preflight) or lower min_concurrency",
-        }
+            "free memory on the weakest rank (--tags preflight lists who holds it) or lower"
+            " min_concurrency, then run --tags plan",
+        )
     ]
