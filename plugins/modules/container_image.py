@@ -28,9 +28,22 @@ attributes:
     support: none
 options:
   image:
-    description: The image, C(NAME[:TAG]@sha256:<64 hex>).
+    description:
+      - The image, C(NAME[:TAG]@sha256:<64 hex>).
+      - A tag alone only with O(allow_unpinned=true).
     type: str
     required: true
+  allow_unpinned:
+    description:
+      - Accept O(image) without a digest (the serve role's C(serve_allow_unpinned_image)) and resolve it
+        here to the digest it names - the digest of O(archive) when given; else, for O(state=present),
+        the tag is pulled (every run, as it may have moved) and the node's copy read; for O(state=facts) the
+        node's copy is read. From there on the module works with RV(resolved), as with a pinned image.
+      - The result says so in RV(findings), a warning C(image_unpinned) with the digest to pin. In check
+        mode nothing is pulled, so a tag the node does not have yet is refused (its digest is unknown).
+      - V(false) refuses a tag alone, naming O(image_name) and C(serve_allow_unpinned_image).
+    type: bool
+    default: false
   image_name:
     description: The variable the image came from, for messages.
     type: str
@@ -84,6 +97,14 @@ options:
 """
 
 EXAMPLES = r"""
+- name: Resolve a tag once on the head and serve the digest it names now
+  localinference.vllm.container_image:
+    image: docker.io/vllm/vllm-openai:v0.32.0
+    allow_unpinned: true
+    state: present
+  register: head_image
+  # head_image.resolved: docker.io/vllm/vllm-openai:v0.32.0@sha256:...
+
 - name: Load the image the head copied here, then check its digest
   localinference.vllm.container_image:
     image: registry.example/vllm/vllm-openai@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
@@ -109,6 +130,17 @@ path:
   description: The OCI archive with the pinned digest (O(state=exported)).
   type: str
   returned: when state is exported
+resolved:
+  description: >-
+    The reference by digest the module worked with, C(NAME[:TAG]@sha256:<64 hex>): O(image) itself, or
+    with O(allow_unpinned) the digest its tag resolved to (empty when the node has no copy to read).
+  type: str
+  returned: always
+findings:
+  description: With O(allow_unpinned) and a tag alone, the warning C(image_unpinned) (id, severity, message, fix).
+  type: list
+  elements: dict
+  returned: always
 """
 
 import json
@@ -126,6 +158,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.plan import _recipe
 from ansible_collections.localinference.vllm.plugins.module_utils.serve import _image
 
 
@@ -145,6 +178,54 @@ def _must(runner: Runner, argv: list[str], what: str) -> None:
     rc, out, err = runner.run(argv)
     if rc != 0:
         raise ImageError(f"{what} failed (rc {rc}): {(err or out).strip()[-600:] or 'no output'}")
+
+
+def _checked(p: dict) -> tuple[str, str, bool]:
+    """The reference's name and digest (the plan's rule, ``_recipe.image``); an archive checked first.
+
+    A tag alone (``allow_unpinned``, the third value) has no digest, or with an archive the archive's.
+    """
+    reference = _recipe.image(p["image"], allow_unpinned=p["allow_unpinned"], name=p["image_name"])
+    name, digest = _image.split_reference(reference)
+    if p["archive"]:
+        p["archive"] = validate.path(p["archive_name"], p["archive"])
+        if digest:
+            _image.check_archive(p["archive_name"], p["archive"], digest, p["image_name"])
+        else:
+            digest = _image.archive_digest(p["archive_name"], p["archive"])
+    p["cache_dir"] = validate.path("cache_dir", p["cache_dir"])
+    return name, digest, "@" not in reference
+
+
+def _resolve(module, runner, p, tag: str) -> tuple[str, str]:
+    """``(digest, action)`` of a tag alone: pulled first for state present (never in check mode).
+
+    A ``localhost/`` name is Podman's for an image made on the node: there is nothing to pull.
+    """
+    before = _copy(runner, p["podman"], tag)
+    local = _image.local_only(tag)
+    if p["state"] != "present" or module.check_mode or local:
+        if not before["present"] and p["state"] == "present":
+            why = (
+                "a localhost/ image is made on the node, never pulled"
+                if local
+                else "check mode pulls nothing"
+            )
+            raise ImageError(
+                f"{p['image_name']}: {tag} is not on {p['host']} and {why}, so the digest it names is"
+                f" unknown; get it there first (podman pull, podman load or {p['archive_name']}),"
+                f" or pin it as {tag}@sha256:<64 hex>"
+            )
+        return before["digest"], "none"
+    _must(
+        runner,
+        _image.pull_argv(p["podman"], tag),
+        f"podman pull of {tag} (no registry? set {p['archive_name']} to an OCI archive of it)",
+    )
+    after = _copy(runner, p["podman"], tag)
+    if not after["digest"]:
+        raise ImageError(f"{p['image_name']}: podman pull of {tag} left no image with a digest")
+    return after["digest"], "none" if after["digest"] == before["digest"] else "pulled"
 
 
 def _present(module, runner, p, reference, digest, pinned) -> str:
@@ -213,11 +294,40 @@ def _exported(module, runner, p, reference, digest, pinned) -> tuple[str, str]:
     return "fetched", path
 
 
+def _work(module, runner, p, name: str, digest: str, unpinned: bool, result: dict) -> dict:
+    """Resolve a tag alone, then do ``state``'s work on ``name@digest``; returns the pinned copy."""
+    if not digest:
+        digest, result["action"] = _resolve(module, runner, p, name)
+    if unpinned:
+        resolved = f"{name}@{digest}" if digest else ""
+        result["findings"] = [_recipe.unpinned_image(name, resolved, p["host"])]
+    reference = f"{name}@{digest}" if digest else name
+    result["resolved"] = reference if digest else ""
+    pinned = _copy(runner, p["podman"], reference) if digest else _image.node_copy([])
+    result["named"] = _copy(runner, p["podman"], name)
+    if p["state"] == "present":
+        action = _present(module, runner, p, reference, digest, pinned)
+        result["action"] = action if action != "none" else result["action"]
+        if action != "none" and not module.check_mode:
+            pinned = _copy(runner, p["podman"], reference)
+        if (
+            p["remove_archive"]
+            and p["archive"]
+            and not module.check_mode
+            and _image.has_digest(pinned, digest)
+        ):
+            os.unlink(p["archive"])
+    elif p["state"] == "exported":
+        result["action"], result["path"] = _exported(module, runner, p, reference, digest, pinned)
+    return pinned
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             image=dict(type="str", required=True),
             image_name=dict(type="str", default="vllm_recipe.image"),
+            allow_unpinned=dict(type="bool", default=False),
             state=dict(type="str", default="facts", choices=["facts", "present", "exported"]),
             archive=dict(type="path"),
             archive_name=dict(type="str", default="serve_image_archive"),
@@ -233,39 +343,21 @@ def main() -> None:
     )
     p = module.params
     try:
-        reference = validate.image_reference(p["image_name"], p["image"], require_digest=True)
-        digest = _image.split_reference(reference)[1]
-        if p["archive"]:
-            p["archive"] = validate.path(p["archive_name"], p["archive"])
-            _image.check_archive(p["archive_name"], p["archive"], digest, p["image_name"])
-        p["cache_dir"] = validate.path("cache_dir", p["cache_dir"])
+        name, digest, unpinned = _checked(p)
     except ValidationError as exc:
         module.fail_json(msg=str(exc))
     runner = Runner(timeout=max(1, p["timeout"]))
-    result: dict = {"changed": False, "action": "none"}
+    result: dict = {"changed": False, "action": "none", "resolved": "", "findings": []}
     try:
-        pinned = _copy(runner, p["podman"], reference)
-        result["named"] = _copy(runner, p["podman"], _image.split_reference(reference)[0])
-        if p["state"] == "present":
-            result["action"] = _present(module, runner, p, reference, digest, pinned)
-            if result["action"] != "none" and not module.check_mode:
-                pinned = _copy(runner, p["podman"], reference)
-            if (
-                p["remove_archive"]
-                and p["archive"]
-                and not module.check_mode
-                and _image.has_digest(pinned, digest)
-            ):
-                os.unlink(p["archive"])
-        elif p["state"] == "exported":
-            result["action"], result["path"] = _exported(
-                module, runner, p, reference, digest, pinned
-            )
+        pinned = _work(module, runner, p, name, digest, unpinned, result)
     except (ImageError, ValidationError, CommandError, CommandTimeout, OSError) as exc:
         module.fail_json(msg=str(exc), **result)
+    for found in result["findings"]:
+        module.warn(f"{found['message']}; {found['fix']}")
     result["pinned"] = pinned
     result["changed"] = result["action"] != "none"
     pending = module.check_mode and result["action"] in ("loaded", "pulled")
+    reference = result["resolved"] or name
     if p["require"] and not pending:
         refused = _image.judge(
             {p["host"]: {"pinned": pinned, "named": result["named"]}}, reference, p["image_name"]
@@ -273,7 +365,7 @@ def main() -> None:
         if refused:
             module.fail_json(
                 msg=f"{p['image_name']}: {refused[0]['message']}; {refused[0]['fix']}",
-                findings=refused,
+                findings=result.pop("findings") + refused,
                 **result,
             )
     module.exit_json(**result)

@@ -118,6 +118,13 @@ options:
         plan is made of it. No key is required; C(max_model_len) may be C(plan).
     type: dict
     default: {}
+  allow_unpinned_image:
+    description:
+      - The serve role's C(serve_allow_unpinned_image). V(true) accepts a C(vllm_recipe.image)
+        without a digest (a tag), as the rollout will, which resolves it once on the head to the
+        digest it names then; V(false) refuses it, naming both variables.
+    type: bool
+    default: false
   host_limits:
     description:
       - Host limits for the offload check (F16), for example from preflight facts, in bytes.
@@ -342,6 +349,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
     check as check_recipe,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
+    unpinned_image,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe_lint import (
     MAX_BYTES,
     RecipeInputError,
@@ -374,6 +384,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "reserved_tokens": {"type": "int", "no_log": False},
     "client_limits": {"type": "dict"},
     "recipe": {"type": "dict", "default": {}},
+    "allow_unpinned_image": {"type": "bool", "default": False},
     "host_limits": {"type": "dict"},
     "recipe_hash": {"type": "str"},
     "calibration": {"type": "str"},
@@ -384,7 +395,9 @@ ARGUMENT_SPEC: dict[str, Any] = {
 
 def _effective_recipe(params: dict[str, Any]) -> dict[str, Any]:
     """The recipe's keys as the rollout checks them, then the options that override them."""
-    recipe = check_recipe(params["recipe"] or {})
+    recipe = check_recipe(
+        params["recipe"] or {}, allow_unpinned_image=bool(params.get("allow_unpinned_image"))
+    )
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         if params[key] is not None:
             recipe[key] = params[key]
@@ -396,6 +409,14 @@ def _effective_recipe(params: dict[str, Any]) -> dict[str, Any]:
             spec["parallel_drafting"] = params["parallel_drafting"]
         recipe["speculative_config"] = spec
     return recipe
+
+
+def _image_warning(recipe: dict[str, Any]) -> list[dict[str, Any]]:
+    """A tag the recipe check let through (allow_unpinned_image) is said, with its fix."""
+    image = recipe.get("image")
+    if not image or "@" in image or recipe.get("deploy_mode", "quadlet") != "quadlet":
+        return []
+    return [unpinned_image(image)]
 
 
 def _pinned_kv(recipe: dict[str, Any]) -> tuple[int | None, str]:
@@ -447,7 +468,7 @@ def _lint_only(
     violations = first_boot_violations(explicit)
     weakest, found = weakest_rank_check(params["weakest_rank"], pinned)
     scheduled = _scheduled(recipe)
-    violations += found + lint_static(recipe) + _layout(params, recipe)
+    violations += found + lint_static(recipe) + _layout(params, recipe) + _image_warning(recipe)
     violations += lint_scheduling(recipe, scheduled)
     violations += lint_offload(recipe, params["host_limits"])
     served = explicit or 0
@@ -556,7 +577,7 @@ def compute(params: dict[str, Any]) -> dict[str, Any]:
     violations = capacity_violations(plan, params["granularity"], params["min_concurrency"])
     weakest, weakest_violations = weakest_rank_check(params["weakest_rank"], pinned)
     violations += weakest_violations
-    violations += lint_static(recipe) + _layout(params, recipe)
+    violations += lint_static(recipe) + _layout(params, recipe) + _image_warning(recipe)
     if explicit is not None:
         violations += lint_context(
             recipe, concurrency_at(plan, explicit), length, params["min_concurrency"]

@@ -21,6 +21,7 @@ from typing import Any
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
@@ -106,6 +107,11 @@ def _fail(key: str, problem: str, fix: str) -> RecipeError:
 
 def _name(key: str) -> str:
     return f"vllm_recipe.{key}"
+
+
+IMAGE_NAME = _name("image")
+# The serve role's option that lets a tag alone through (resolved once on the head).
+ALLOW_UNPINNED_IMAGE = "serve_allow_unpinned_image"
 
 
 def _as_int(key: str, value: Any, minimum: int) -> int:
@@ -356,12 +362,58 @@ def _each_key(recipe: dict[str, Any]) -> dict[str, Any]:
     return {**recipe, **checked}
 
 
-def _image(recipe: dict[str, Any], required: bool) -> None:
-    """The image, pinned by digest for Quadlet (the default mode)."""
-    quadlet = recipe.get("deploy_mode", "quadlet") == "quadlet"
-    if "image" in recipe or (required and quadlet):
-        recipe["image"] = validate.image_reference(
-            _name("image"), recipe.get("image"), require_digest=quadlet
+def image(
+    value: Any,
+    *,
+    deploy_mode: str = "quadlet",
+    allow_unpinned: bool = False,
+    name: str = IMAGE_NAME,
+) -> str:
+    """The image reference as the plan's lint, the rollout and the image step check it.
+
+    Quadlet (the default mode) runs the image by digest: a tag alone is refused, as an
+    unpinned weights revision is, unless ``allow_unpinned`` (``serve_allow_unpinned_image``);
+    then the head resolves the tag once to the digest it names (``container_image``) and
+    everything after it uses that digest. A digest, when given, is always a sha256.
+    """
+    reference = validate.image_reference(name, value, require_digest=False)
+    pinned = "@" in reference
+    if deploy_mode != "quadlet" or (allow_unpinned and not pinned):
+        return reference
+    if not pinned:
+        raise ValidationError(
+            name,
+            f"{reference}: not pinned by digest (a tag can name another image tomorrow)",
+            f"pin it as NAME[:TAG]@sha256:<64 hex>, or set {ALLOW_UNPINNED_IMAGE}: true to pull the"
+            " tag once on the head and serve the digest it names then",
+        )
+    return validate.image_reference(name, reference, require_digest=True)
+
+
+def unpinned_image(reference: str, resolved: str = "", host: str = "the head") -> dict[str, Any]:
+    """The warning a run gives for a tag it accepted (:func:`image`), with the digest once known."""
+    name, _, _ = reference.partition("@")
+    if resolved:
+        message = (
+            f"{IMAGE_NAME} {name} is not pinned by digest: {host} resolved it to {resolved}, which this"
+            " run serves and records"
+        )
+        fix = f"pin it: {IMAGE_NAME}: {resolved} (then {ALLOW_UNPINNED_IMAGE}: false)"
+    else:
+        message = (
+            f"{IMAGE_NAME} {name} is not pinned by digest ({ALLOW_UNPINNED_IMAGE}): the rollout"
+            " pulls the tag once on the head and serves the digest it names then"
+        )
+        fix = f"pin it as {name}@sha256:<64 hex> (the rollout names the digest it resolved)"
+    return finding("image_unpinned", "warning", message, fix)
+
+
+def _image(recipe: dict[str, Any], required: bool, allow_unpinned: bool = False) -> None:
+    """The image, pinned by digest for Quadlet (the default mode); see :func:`image`."""
+    mode = recipe.get("deploy_mode", "quadlet")
+    if "image" in recipe or (required and mode == "quadlet"):
+        recipe["image"] = image(
+            recipe.get("image"), deploy_mode=mode, allow_unpinned=allow_unpinned
         )
 
 
@@ -387,20 +439,21 @@ def normalise(raw: dict[str, Any], plan_max_model_len: int | None = None) -> dic
     return _refused(_normalise, raw, plan_max_model_len)
 
 
-def check(raw: Any) -> dict[str, Any]:
+def check(raw: Any, allow_unpinned_image: bool = False) -> dict[str, Any]:
     """The keys a recipe sets, each checked as :func:`normalise` checks it.
 
     For a recipe that need not be whole (the plan's lint, ``kv_budget``): no key is
     required, no default is added and ``max_model_len: plan`` stays ``plan``; a refusal
     is the same :class:`RecipeError`, so a value the rollout would refuse is refused
-    before the plan is saved.
+    before the plan is saved. ``allow_unpinned_image`` is ``serve_allow_unpinned_image``:
+    a tag the rollout will resolve on the head is accepted (:func:`image`).
     """
-    return _refused(_check, raw)
+    return _refused(_check, raw, allow_unpinned_image)
 
 
-def _check(raw: Any) -> dict[str, Any]:
+def _check(raw: Any, allow_unpinned_image: bool) -> dict[str, Any]:
     recipe = _each_key(_keys(raw))
-    _image(recipe, required=False)
+    _image(recipe, required=False, allow_unpinned=allow_unpinned_image)
     return recipe
 
 
@@ -419,6 +472,7 @@ def _normalise(raw: Any, plan_max_model_len: Any) -> dict[str, Any]:
         )
     recipe.setdefault("served_model_name", recipe["model"])
     recipe = _each_key(recipe)
+    # Units run a digest, always: a tag (serve_allow_unpinned_image) reaches here resolved.
     _image(recipe, required=True)
     if recipe.get("max_model_len") == "plan":
         if plan_max_model_len is None:

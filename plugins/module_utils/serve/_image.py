@@ -43,6 +43,11 @@ def split_reference(reference: str) -> tuple[str, str]:
     return name, digest
 
 
+def local_only(reference: str) -> bool:
+    """A ``localhost/`` name: Podman's for an image built or loaded on the node, never pulled."""
+    return reference.startswith("localhost/")
+
+
 def archive_file(cache_dir: str, digest: str) -> str:
     """Where the head keeps the OCI archive it copies to the other nodes (one per digest)."""
     return os.path.join(cache_dir, digest.replace(":", "-") + ".oci.tar")

@@ -7,7 +7,9 @@ The stand-in answers only the argv the module must issue (``image inspect
 oci-archive --output``, ``pull --quiet``) and exits 99 on any other, so a
 changed command line fails here. Its ``load`` reads the archive's index.json as
 Podman does; its ``save`` writes the digest the store has (or another one, as
-Podman does for a pulled image whose layers it compresses anew).
+Podman does for a pulled image whose layers it compresses anew); its ``pull`` finds
+only what the store's ``registry`` lists (a reference and the digest it names now) and
+moves a pulled tag to that image.
 """
 
 from __future__ import annotations
@@ -55,6 +57,17 @@ elif args[:5] == ["save", "--quiet", "--uncompressed", "--format", "oci-archive"
     with tarfile.open(args[6], "w") as tar:
         for name, data in {"oci-layout": "{}", "index.json": json.dumps({"manifests": [{"digest": digest}]})}.items():
             info = tarfile.TarInfo(name); info.size = len(data); tar.addfile(info, io.BytesIO(data.encode()))
+elif args[:2] == ["pull", "--quiet"] and len(args) == 3 and args[2] in store.get("registry", {}):
+    digest = store["registry"][args[2]]
+    for image in store["images"]:
+        if args[2] in image["RepoTags"]:
+            image["RepoTags"].remove(args[2])
+    found = find("x@" + digest)
+    if found:
+        found["RepoTags"].append(args[2])
+    else:
+        store["images"].append({"Id": "i-" + digest[7:15], "Digest": digest, "RepoTags": [args[2]]})
+    print("i-" + digest[7:15])
 elif args[:2] == ["pull", "--quiet"]:
     print("Error: initializing source docker://x: no registry reachable", file=sys.stderr)
     sys.exit(125)
@@ -82,9 +95,11 @@ def node(tmp_path, monkeypatch):
                 "timeout": 30,
             }
 
-        def store(self, images=(), save_digest=None):
+        def store(self, images=(), save_digest=None, registry=None):
             Path(os.environ["FAKE_STORE"]).write_text(
-                json.dumps({"images": list(images), "save_digest": save_digest})
+                json.dumps(
+                    {"images": list(images), "save_digest": save_digest, "registry": registry or {}}
+                )
             )
 
         def ran(self):
