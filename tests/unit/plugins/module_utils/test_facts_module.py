@@ -73,8 +73,9 @@ CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("params", "gather", "options", "ended"), [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("params", "gather", "options", "ended"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_run_facts(params, gather, options, ended) -> None:
     module = Module(**params)
     with pytest.raises(Ended):

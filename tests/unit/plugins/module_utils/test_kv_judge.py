@@ -35,8 +35,9 @@ WEAKEST = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("weakest", "pinned", "result", "found"), [c[1:] for c in WEAKEST],
-                         ids=[c[0] for c in WEAKEST])  # fmt: skip
+@pytest.mark.parametrize(
+    ("weakest", "pinned", "result", "found"), [c[1:] for c in WEAKEST], ids=[c[0] for c in WEAKEST]
+)
 def test_weakest_rank_check(weakest, pinned, result, found) -> None:
     got, violations = weakest_rank_check(weakest, pinned)
     assert got == result
@@ -71,8 +72,9 @@ CLIENT = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("budget", "length", "found"), [c[1:] for c in CLIENT],
-                         ids=[c[0] for c in CLIENT])  # fmt: skip
+@pytest.mark.parametrize(
+    ("budget", "length", "found"), [c[1:] for c in CLIENT], ids=[c[0] for c in CLIENT]
+)
 def test_client_violations(budget, length, found) -> None:
     assert [(v["id"], v["message"]) for v in client_violations(budget, length)] == found
 
