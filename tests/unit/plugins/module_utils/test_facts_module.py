@@ -68,8 +68,8 @@ CASES = [
      {"failed": False, "changed": False,
       "ansible_facts": {"key": {"present": False, "why": "ibv_devinfo not found in PATH"}}}),
     ("absent-required", {"timeout": 2.0, "required": True}, not_here, {"absent": WHEN_ABSENT},
-     {"failed": True, "msg": "ibv_devinfo not found in PATH; rdma_facts was called with "
-                            "required=true. Install rdma-core."}),
+     {"failed": True,
+      "msg": "ibv_devinfo not found in PATH; rdma_facts was called with required=true. Install rdma-core."}),
 ]  # fmt: skip
 
 
