@@ -6,7 +6,9 @@
   ``current``, the inventory's ``vllm_recipe``) with ``changes`` (``upgrade_set``) on top, each
   key checked as the rollout will check it (``_recipe.check``: an image without a digest, a
   newline in a value, a word for a number). Refused, naming the variable: not a mapping, no new
-  stack given, or a new stack equal to ``current`` (nothing to upgrade).
+  stack given, or a new stack equal to ``current`` (nothing to upgrade). ``allow_unpinned_image``
+  is ``serve_allow_unpinned_image``: a tag alone is let through as the rollout lets it (resolved
+  there, once, on the head).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
@@ -27,7 +30,16 @@ def _kind(value: Any) -> str:
     return next(t.__name__ for t in type(value).__mro__ if t.__module__ == "builtins")
 
 
-def upgrade_recipe(current: Any, recipe: Any, changes: Any) -> dict[str, Any]:
+def upgrade_recipe(
+    current: Any, recipe: Any, changes: Any, allow_unpinned_image: Any = False
+) -> dict[str, Any]:
+    try:
+        allow_unpinned_image = boolean(allow_unpinned_image, strict=True)
+    except TypeError:
+        raise AnsibleFilterError(
+            f"upgrade.yml: serve_allow_unpinned_image must be true or false, got"
+            f" {allow_unpinned_image!r}. {NOTHING_CHANGED}"
+        ) from None
     for name, value in (
         ("vllm_recipe", current),
         ("upgrade_recipe", recipe),
@@ -45,7 +57,7 @@ def upgrade_recipe(current: Any, recipe: Any, changes: Any) -> dict[str, Any]:
         )
     new = {**(recipe or current), **changes}
     try:
-        check(new)
+        check(new, allow_unpinned_image=allow_unpinned_image)
     except ValidationError as exc:
         source = (
             "upgrade_set"

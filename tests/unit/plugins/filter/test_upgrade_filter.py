@@ -67,3 +67,34 @@ def test_a_bad_new_stack_is_refused_naming_the_variable(recipe, changes, words):
         upgrade_recipe(CURRENT, recipe, changes)
     for word in words:
         assert word in str(err.value), str(err.value)
+
+
+TAG = "docker.io/vllm/vllm-openai:v0.32.0"
+
+
+@pytest.mark.parametrize(
+    ("allow", "words"),
+    [
+        (
+            False,
+            [
+                "upgrade_set",
+                "vllm_recipe.image",
+                "not pinned by digest",
+                "serve_allow_unpinned_image: true",
+            ],
+        ),
+        ("sometimes", ["serve_allow_unpinned_image must be true or false", "sometimes"]),
+    ],
+    ids=["a tag without serve_allow_unpinned_image", "the option not a boolean"],
+)
+def test_a_tag_follows_serve_allow_unpinned_image(allow, words):
+    with pytest.raises(AnsibleFilterError) as err:
+        upgrade_recipe(CURRENT, {}, {"image": TAG}, allow)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("allow", [True, "yes"])
+def test_a_tag_with_serve_allow_unpinned_image_is_the_new_stack(allow):
+    assert upgrade_recipe(CURRENT, {}, {"image": TAG}, allow) == {**CURRENT, "image": TAG}
