@@ -140,7 +140,7 @@ class Watchdog:
                     summary = summarise(body) if status == 200 else None
                     look["metrics"][node["name"]] = (
                         {"running": summary["requests_running"], "generation_tokens": summary["generation_tokens"],
-                         "prompt_tokens": summary["prompt_tokens"]}
+                         "prompt_tokens": summary["prompt_tokens"], "kv_usage": summary["kv_cache_usage_perc"]}
                         if summary else {"error": f"/metrics answered {status}"})
                 except MetricsError as exc:
                     look["metrics"][node["name"]] = {"error": str(exc)[:200]}
@@ -151,12 +151,17 @@ class Watchdog:
 
     # ------------------------------------------------------------------ acting
     def held(self) -> str | None:
-        """Why the watchdog must not act now (a rollout holds the cluster), or None."""
+        """Why the watchdog must not act now (a rollout or a qualification holds the cluster), or None.
+
+        The hold file holds a deadline (epoch seconds) and, after it, who holds (``qualify``).
+        """
         try:
-            until = float(read_text(self.cfg["hold_path"], 64).strip() or 0)
+            deadline, _, holder = read_text(self.cfg["hold_path"], 64).strip().partition(" ")
+            until = float(deadline or 0)
         except (OSError, ValueError):
             return None
-        return f"a rollout holds the cluster until {time.strftime('%H:%M:%S', time.localtime(until))}" \
+        holder = "a qualification" if holder.strip() == "qualify" else "a rollout"
+        return f"{holder} holds the cluster until {time.strftime('%H:%M:%S', time.localtime(until))}" \
             if until > time.time() else None
 
     def restart_engine(self, look: dict[str, Any]) -> tuple[bool, str]:

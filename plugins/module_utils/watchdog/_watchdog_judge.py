@@ -140,10 +140,24 @@ def _progress(metrics: Mapping[str, Any], previous: Mapping[str, Any] | None) ->
     return sum(max(0, m) for m in moved) if moved else None
 
 
+def _kv_delta(metrics: Mapping[str, Any], previous: Mapping[str, Any] | None) -> float:
+    """How far the KV cache usage moved since the last look (percentage points; 0 when unknown).
+
+    vLLM counts a prompt's tokens only when its prefill ends; while a long prompt is prefilled
+    chunk by chunk the cache fills step by step, and a stopped rank moves nothing.
+    """
+    now, before = metrics.get("kv_usage"), (previous or {}).get("kv_usage")
+    if "error" in metrics or not all(isinstance(v, (int, float)) for v in (now, before)):
+        return 0.0
+    return abs(now - before)
+
+
 def _stalled(metrics: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str | None:
-    """Requests running and no token processed (prompt or generated) since the last look."""
+    """Requests running, no token processed (prompt or generated) and the KV cache unmoved
+    since the last look."""
     running = metrics.get("running")
-    if not isinstance(running, (int, float)) or running <= 0 or _progress(metrics, previous) != 0:
+    if (not isinstance(running, (int, float)) or running <= 0 or _progress(metrics, previous) != 0
+            or _kv_delta(metrics, previous)):
         return None
     return f"{running:g} request(s) running and no token processed since the last look"
 
@@ -155,6 +169,12 @@ def busy(look: Mapping[str, Any], previous: Mapping[str, Any] | None) -> float:
     engine whose counters move is saturated, not wedged (a stopped rank moves nothing).
     """
     return sum(_progress(metrics, ((previous or {}).get("metrics") or {}).get(name)) or 0
+               for name, metrics in (look.get("metrics") or {}).items())
+
+
+def filling(look: Mapping[str, Any], previous: Mapping[str, Any] | None) -> float:
+    """How far the KV cache usage moved since the last look, over every node (a long prefill)."""
+    return sum(_kv_delta(metrics, ((previous or {}).get("metrics") or {}).get(name))
                for name, metrics in (look.get("metrics") or {}).items())
 
 
@@ -237,8 +257,8 @@ def _verdict(
     now = look["time"]
     token, engine = look.get("token") or {}, look.get("engine") or {}
     down, unreachable = signs["down"], signs["unreachable"]
-    moved = busy(look, previous)
-    wedge = wedge_sign(look, previous, moved)
+    moved, filled = busy(look, previous), filling(look, previous)
+    wedge = wedge_sign(look, previous, moved or filled)
     no_answer = token.get("ok") is False and engine.get("health") != 200
     verdict, target, evidence = "healthy", None, "the endpoint streams a token"
     if token.get("ok") is None:
@@ -257,10 +277,12 @@ def _verdict(
                                          "larger frames are dropped: waiting for it, no restart")
     elif signs["starting"] and token.get("ok") is not True and engine.get("health") != 200:
         verdict, evidence = "degraded", "the engine is starting (within the boot grace): no verdict yet"
-    elif token.get("ok") is False and engine.get("health") == 200 and moved:
+    elif token.get("ok") is False and engine.get("health") == 200 and (moved or filled):
         verdict = "degraded"
-        evidence = (f"no token within {token.get('deadline_s')} s, but the engine processed "
-                    f"{moved:g} tokens since the last look: saturated, not wedged")
+        work = (f"processed {moved:g} tokens" if moved else
+                f"filled its KV cache by {filled:.2g} points (a long prefill)")
+        evidence = (f"no token within {token.get('deadline_s')} s, but the engine {work} "
+                    "since the last look: saturated, not wedged")
     elif wedge or no_answer:
         return _engine_silent(wedge, engine, state, signs["findings"], next_state, now)
     elif token.get("ok") is False and engine.get("token_ok") is True:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._restart
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog import (
     _incidents as incidents,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog import Watchdog
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog_config import (
     ConfigError,
     build,
@@ -265,3 +267,24 @@ def test_token_probe_a_silent_stream_is_a_timeout_and_a_closed_port_a_refusal() 
     server.close()
     closed = first_token(f"http://127.0.0.1:{port}/v1", "m", None, 2.0)
     assert (closed["ok"], closed["timeout"], closed.get("refused")) == (False, False, True), closed
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("{future}\n", "a rollout holds the cluster until "),
+        ("{future} qualify\n", "a qualification holds the cluster until "),
+        ("{past} qualify\n", None),
+        ("", None),
+        ("not a number", None),
+        (None, None),
+    ],
+)
+def test_the_hold_names_who_holds(tmp_path: Path, text: str | None, want: str | None) -> None:
+    """The rollout writes a deadline; the qualification a deadline and ``qualify``."""
+    hold = tmp_path / "rollout.hold"
+    if text is not None:
+        hold.write_text(text.format(future=int(time.time()) + 600, past=int(time.time()) - 5))
+    dog = Watchdog({**OPTS, "hold_path": str(hold), "state_path": str(tmp_path / "state.json")})
+    held = dog.held()
+    assert held == want if want is None else held.startswith(want), held
