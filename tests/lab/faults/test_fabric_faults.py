@@ -220,7 +220,9 @@ def start_worker() -> tuple[list[str], list[str]]:
             [line for line in journal if "localinference gid-start" in line])
 
 
-# 95 s in the lab, most of it the head's rank coming back after the worker's restarts.
+# 95 s in the lab, most of it the head's rank coming back after the worker's restarts:
+# make test-lab-extended (CI's hour).
+@pytest.mark.extended
 def test_f20_a_gid_table_changed_between_two_starts_is_picked_up_by_the_second():
     serving()
     assert read_json(WORKER, FABRIC_RESULT)["result"]["gid_index"] == 3
