@@ -3,10 +3,12 @@
 """The agent_client role's other clients (Claude Code, Codex, Qwen Code, Crush); the rules live in
 module_utils/client/_clients.py.
 
-- ``agent_clients_check``: ``agent_client_clients`` checked (known names, once each, opencode first).
+- ``agent_clients_check``: ``agent_client_clients`` (known names, once each, opencode first) and
+  ``agent_client_prompt_floors`` checked.
 - ``agent_clients_render``: every other client's config, env names and budget from opencode's budget;
   fails with every refused client's numbers at once, before the role writes any file.
 - ``agent_client_env_text``: one client's env file (its variables and the key's line).
+- ``agent_clients_summary``: what agent_client_result says of each (paths, budget; no config text).
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._client
 )
 
 
-def agent_clients_check(clients: Any) -> list[str]:
+def agent_clients_check(clients: Any, prompt_floors: Any = None) -> list[str]:
     try:
-        return check_clients(clients)
+        names = check_clients(clients)
+        check_floors(prompt_floors, names)
     except ClientConfigError as exc:
         raise AnsibleFilterError(str(exc)) from None
+    return names
 
 
 def agent_clients_render(
@@ -77,6 +81,12 @@ def agent_clients_render(
     return done
 
 
+def agent_clients_summary(rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What agent_client_result says of each client: paths and budget, not the config text."""
+    keep = ("client", "package", "config_path", "env_path", "key_env", "budget")
+    return [{k: r[k] for k in keep} for r in rendered or []]
+
+
 def agent_client_env_text(rendered: dict[str, Any], key: str | None = None) -> str:
     return env_text(rendered, key or None)
 
@@ -87,4 +97,5 @@ class FilterModule:
             "agent_clients_check": agent_clients_check,
             "agent_clients_render": agent_clients_render,
             "agent_client_env_text": agent_client_env_text,
+            "agent_clients_summary": agent_clients_summary,
         }

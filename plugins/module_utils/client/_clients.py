@@ -58,8 +58,11 @@ ENV_FILE = "env"
 # CLAUDE_CODE_MAX_CONTEXT_TOKENS (ids not starting with "claude-"), the output
 # it asks for CLAUDE_CODE_MAX_OUTPUT_TOKENS (default 32000 for unknown ids), and
 # it auto-compacts at window - min(max output, 20000) - 13000.
-# https://code.claude.com/docs/en/env-vars ; the compaction formula as read from
-# the 2.1.259 binary: https://github.com/calebevans/mulder/pull/192
+# https://code.claude.com/docs/en/env-vars and
+# https://code.claude.com/docs/en/model-config#correct-the-window-for-a-gateway-or-custom-model-id
+# (measured with 2.1.328: without it, "assumes a context window of 1m tokens"; with it, no such
+# warning); the compaction formula as read from the 2.1.259 binary:
+# https://github.com/calebevans/mulder/pull/192
 CLAUDE_OUTPUT_RESERVE_CAP = 20000
 CLAUDE_COMPACT_MARGIN = 13000
 # Crush summarizes when the free context falls to 20,000 tokens (windows above
@@ -178,13 +181,15 @@ def client_budget(
         compact_at = context - reserve
         rule = "compacts at model_auto_compact_token_limit = context - output - reserved"
     elif client == QWEN_CODE:
-        # Qwen Code compacts when the history exceeds chatCompression.contextPercentageThreshold
-        # of the window (default 0.7): https://qwenlm.github.io/qwen-code-docs/en/cli/configuration
+        # Qwen Code 0.24.4 compacts at context.autoCompactThreshold of the window (default 0.85; a
+        # ceiling: small windows may compact earlier); model.chatCompression.contextPercentageThreshold
+        # is removed and silently ignored. Read in the pinned package's own settings reference,
+        # bundled/qc-helper/docs/configuration/settings.md (https://github.com/QwenLM/qwen-code, PR #4345).
         out = output
         share = max(0, (context - output - reserved) * 1000 // context) / 1000
         compact_at = int(share * context)
         reserve = context - compact_at
-        rule = f"compacts at contextPercentageThreshold {share} x context"
+        rule = f"compacts at autoCompactThreshold {share} x context (or earlier)"
     elif client == CRUSH:
         reserve = (
             CRUSH_LARGE_BUFFER if context > CRUSH_LARGE_WINDOW else int(context * CRUSH_SMALL_RATIO)
@@ -309,7 +314,8 @@ def _codex(p: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], str]:
         "model": p["model"],
         "model_provider": provider,
         "model_context_window": budget["context"],
-        "model_max_output_tokens": budget["output"],
+        # No output limit: Codex 0.169.0 ignores model_max_output_tokens ("unrecognized
+        # configuration setting", measured); the compaction limit keeps output + reserve free.
         "model_auto_compact_token_limit": budget["compact_at"],
         "model_providers": {
             provider: {
@@ -327,8 +333,9 @@ def _codex(p: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], str]:
 def _qwen_code(p: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], str]:
     budget, model = p["budget"], p["model"]
     # settings.json: modelProviders.openai[] with envKey (the key stays in the environment),
-    # generationConfig.contextWindowSize and samplingParams.max_tokens, security.auth.selectedType:
-    # https://qwenlm.github.io/qwen-code-docs/en/users/configuration/settings
+    # generationConfig.contextWindowSize and samplingParams.max_tokens (a fixed limit, no escalation),
+    # security.auth.selectedType: https://qwenlm.github.io/qwen-code-docs/en/users/configuration/settings
+    # and the same page bundled in 0.24.4.
     doc = {
         "modelProviders": {
             "openai": [
@@ -345,10 +352,8 @@ def _qwen_code(p: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], str]:
             ]
         },
         "security": {"auth": {"selectedType": "openai"}},
-        "model": {
-            "name": model,
-            "chatCompression": {"contextPercentageThreshold": budget["share"]},
-        },
+        "model": {"name": model},
+        "context": {"autoCompactThreshold": budget["share"]},
         "privacy": {"usageStatisticsEnabled": False},
     }
     # QWEN_CODE_SYSTEM_SETTINGS_PATH points Qwen Code at this file (same docs page).

@@ -208,12 +208,14 @@ def test_vllm_api_answers_only_on_loopback():
 
 def test_on_the_controller_the_key_is_only_in_its_two_secret_files():
     """Issue 14: no API key in site.log or any other file the lab wrote, only in the key file
-    and the client's env file (both 0600)."""
+    and the clients' env files (all 0600): opencode's, and one per other client (issue 29)."""
     key = api_key()
     assert key, f"no key in {API_KEY_FILE}"
     lab = LAB_DIR.resolve()
     secrets = {API_KEY_FILE.resolve(), (lab / "opencode" / "env").resolve()}
-    skip = {"cache", "vllm-venv", "wheelhouse", "opencode-cli", "collections", "sanity", "models"}
+    secrets |= {path.resolve() for path in (lab / "clients").glob("*/env")}
+    skip = {"cache", "vllm-venv", "wheelhouse", "opencode-cli", "clients-cli", "collections", "sanity",
+            "models"}
     found = []
     for path in lab.rglob("*"):
         if path.is_symlink() or not path.is_file() or path.resolve() in secrets:

@@ -163,8 +163,9 @@ def test_codex_config_toml():
     got = rendered("codex", ca_file="/home/op/ca.crt")
     doc = tomllib.loads(got["config"])
     assert doc["model"] == MODEL and doc["model_provider"] == "localinference"
-    assert (doc["model_context_window"], doc["model_max_output_tokens"],
-            doc["model_auto_compact_token_limit"]) == (65536, 8192, 49152)
+    assert (doc["model_context_window"], doc["model_auto_compact_token_limit"]) == (65536, 49152)
+    # Codex 0.169.0 warns that it ignores model_max_output_tokens: not written.
+    assert "model_max_output_tokens" not in doc
     assert doc["model_providers"]["localinference"] == {
         "name": "localinference", "base_url": URL, "env_key": "LOCALINFERENCE_API_KEY",
         "wire_api": "responses", "requires_openai_auth": False}
@@ -177,7 +178,9 @@ def test_qwen_code_settings():
     entry = doc["modelProviders"]["openai"][0]
     assert (entry["id"], entry["baseUrl"], entry["envKey"]) == (MODEL, URL, "LOCALINFERENCE_API_KEY")
     assert entry["generationConfig"] == {"contextWindowSize": 65536, "samplingParams": {"max_tokens": 8192}}
-    assert doc["model"]["chatCompression"] == {"contextPercentageThreshold": 0.75}
+    # 0.24.4 reads context.autoCompactThreshold; model.chatCompression.contextPercentageThreshold is gone.
+    assert doc["context"] == {"autoCompactThreshold": 0.75}
+    assert doc["model"] == {"name": MODEL}
     assert doc["security"]["auth"]["selectedType"] == "openai"
 
 
