@@ -2,10 +2,11 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The tree shows the pipeline: plugins/module_utils has one folder per stage (and common/,
 engine/ for what every stage shares), and no module imports, directly or through others,
-a module that imports it back."""
+a module that imports it back. The modules stay thin: no function in plugins/ over 80 lines."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common import _embed
@@ -49,3 +50,14 @@ def test_a_cycle_is_named(monkeypatch) -> None:
         assert str(err) == "import cycle in plugins/module_utils: a._x -> b._y -> a._x"
     else:
         raise AssertionError("the cycle was not found")
+
+
+def test_no_function_in_plugins_over_80_lines() -> None:
+    long = []
+    for path in sorted((ROOT / "plugins").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == [], "functions over 80 lines: " + "; ".join(long)

@@ -161,6 +161,28 @@ def _plan(plan: Any) -> tuple[int, int, int]:
 # --- each client's budget -----------------------------------------------------
 
 
+def _refusals(context: int, out: int, compact_at: int, prompt_floor: int | None) -> list[str]:
+    """Why a client's limits cannot work in the served context (F8, F9); empty when they fit."""
+    reasons = []
+    if out < MIN_OUTPUT:
+        reasons.append(f"output {out} is below {MIN_OUTPUT} tokens")
+    if out >= context:
+        reasons.append(f"output {out} is not below the served context {context} (F8)")
+    if compact_at + out > context:
+        reasons.append(
+            f"compaction point {compact_at} + output {out} exceeds the served context {context} (F8)"
+        )
+    if prompt_floor is None:
+        if compact_at <= 0:
+            reasons.append(f"compaction point {compact_at}: it would compact after every turn (F9)")
+    elif compact_at < prompt_floor + WORK_ROOM:
+        reasons.append(
+            f"compaction point {compact_at} is below the prompt floor {prompt_floor} + {WORK_ROOM} tokens"
+            " of room to work (F9)"
+        )
+    return reasons
+
+
 def client_budget(
     client: str, plan: dict[str, Any], prompt_floor: int | None = None
 ) -> dict[str, Any]:
@@ -219,30 +241,10 @@ def client_budget(
     }
     if client == QWEN_CODE:
         result["share"] = share
-    reasons = []
-    if out < MIN_OUTPUT:
-        reasons.append(f"output {out} is below {MIN_OUTPUT} tokens")
-    if out >= context:
-        reasons.append(f"output {out} is not below the served context {context} (F8)")
-    if compact_at + out > context:
-        reasons.append(
-            f"compaction point {compact_at} + output {out} exceeds the served context {context} (F8)"
-        )
-    if prompt_floor is None:
-        if compact_at <= 0:
-            reasons.append(f"compaction point {compact_at}: it would compact after every turn (F9)")
-    elif compact_at < prompt_floor + WORK_ROOM:
-        reasons.append(
-            f"compaction point {compact_at} is below the prompt floor {prompt_floor} + {WORK_ROOM} tokens"
-            " of room to work (F9)"
-        )
+    reasons = _refusals(context, out, compact_at, prompt_floor)
     if reasons:
         need = (prompt_floor or 0) + WORK_ROOM + context - compact_at
-        more = (
-            f"; the served context must grow to {need} (+{need - context})"
-            if need > context
-            else ""
-        )
+        more = f"; the served context must grow to {need} (+{need - context})" if need > context else ""
         raise ClientRefused(f"{client} ({rule}): {'; '.join(reasons)}{more}")
     return result
 
