@@ -439,6 +439,7 @@ def _port_findings(
         )
     return out
 
+
 def rdma_findings(
     cfg: Mapping[str, Any], host: str, rdma: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
