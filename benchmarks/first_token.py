@@ -66,7 +66,7 @@ ROLLOUT_TAGS = "rollout"
 BOOT_TIMEOUT = 900
 # How long the lab may take to serve again before the benchmark starts.
 SETTLE_TIMEOUT = 300
-UNIT_CONTAINER = module_utils("_units").SERVER_UNIT
+UNIT_CONTAINER = module_utils("serve._units").SERVER_UNIT
 BY_HAND_CONTAINER = "localinference-bench-by-hand"
 # What Quadlet adds for systemd alone (the cid file, cgroup split, sd_notify).
 SYSTEMD_ONLY_PREFIXES = ("--cidfile", "--cgroups", "--sdnotify")

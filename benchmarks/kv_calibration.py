@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lab import harness
 
-kv_model = harness.module_utils("_kv_model")
-vllm_log = harness.module_utils("_vllm_log")
+kv_model = harness.module_utils("plan._kv_model")
+vllm_log = harness.module_utils("engine._vllm_log")
 ROOT = harness.ROOT
 BOOT = ROOT / "lab" / "bin" / "vllm-boot"
 TINY_MODEL = ROOT / "lab" / "bin" / "tiny-model"

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lab import harness
 
-m = harness.module_utils("_manifest")
+m = harness.module_utils("weights._manifest")
 MIB = 1024 * 1024
 # (files, MiB each): the same 512 MiB in one file up to 256 files
 GROWTH_LAYOUTS = ((1, 512), (4, 128), (32, 16), (256, 2))

@@ -237,7 +237,7 @@ def stream_chat(url: str, body: dict[str, Any], headers: dict[str, str], deadlin
     Returns ``{ttft, message: {content, tool_calls}, finish_reason, prompt_tokens}``;
     raises ``TimeoutError`` past the deadline, ``RuntimeError`` on any other failure.
     """
-    sse_token = module_utils("_ready").sse_token
+    sse_token = module_utils("serve._ready").sse_token
     parts = urllib.parse.urlsplit(url)
     started = time.monotonic()
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=deadline)
