@@ -59,6 +59,14 @@ from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watc
 )
 
 NODE_CONFIG = "/etc/localinference/watchdog-node.json"
+# A stream the ingress closed before its first byte is asked again after this pause.
+REASK_PAUSE_S = 1.0
+
+
+def closed_early(token: dict[str, Any]) -> bool:
+    """A probe the ingress closed without a status other than 200 and without a timeout."""
+    return (token.get("ok") is False and not token.get("timeout")
+            and not str(token.get("error") or "").startswith("HTTP "))
 
 
 def log(message: str) -> None:
@@ -112,8 +120,7 @@ class Watchdog:
         except (OSError, ValueError) as exc:
             token = {"ok": None, "error": f"the ingress key cannot be read: {exc}"}
         else:
-            token = first_token(ingress["base_url"], ingress["model"], key,
-                                self.cfg["token_deadline_s"], ingress.get("ca_file"))
+            token = self.ingress_token(key)
         engine: dict[str, Any] = {"health": None, "token_ok": None}
         if token.get("ok") is not True:
             engine["health"], _ = get(engine_url + "/health", min(5.0, self.cfg["token_deadline_s"]))
@@ -121,6 +128,23 @@ class Watchdog:
                 direct = first_token(engine_url + "/v1", ingress["model"], None, self.cfg["token_deadline_s"])
                 engine["token_ok"] = direct["ok"]
         return token, engine
+
+    def ingress_token(self, key: str) -> dict[str, Any]:
+        """The ingress's first token; a stream closed before its first byte is asked once more.
+
+        Caddy closes a connection that meets its reload (a key rotation, a new route) with an
+        empty body: one more request a second later tells that from an ingress that is broken.
+        A timeout (a wedge) or an HTTP status (401, a 502 naming the unit) is never asked again.
+        """
+        ingress = self.cfg["ingress"]
+        token = first_token(ingress["base_url"], ingress["model"], key,
+                            self.cfg["token_deadline_s"], ingress.get("ca_file"))
+        if closed_early(token):
+            time.sleep(REASK_PAUSE_S)
+            token = {**first_token(ingress["base_url"], ingress["model"], key,
+                                   self.cfg["token_deadline_s"], ingress.get("ca_file")),
+                     "asked_again": str(token["error"])[:160]}
+        return token
 
     def look(self) -> dict[str, Any]:
         token, engine = self.token()

@@ -288,3 +288,61 @@ def test_the_hold_names_who_holds(tmp_path: Path, text: str | None, want: str | 
     dog = Watchdog({**OPTS, "hold_path": str(hold), "state_path": str(tmp_path / "state.json")})
     held = dog.held()
     assert held == want if want is None else held.startswith(want), held
+
+
+def _answering_server(answers: list[bytes]) -> tuple[int, list[bytes]]:
+    """A socket server that reads one request per connection and sends the next answer."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        for answer in answers:
+            conn, _ = server.accept()
+            with conn:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += conn.recv(65536)
+                head, _, body = request.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(body) < length:
+                    body += conn.recv(65536)
+                seen.append(head.split(b"\r\n")[0])
+                conn.sendall(answer)
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server.getsockname()[1], seen
+
+
+EMPTY_STREAM = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+TOKEN_STREAM = EMPTY_STREAM + b'data: {"choices":[{"delta":{"content":"OK"}}]}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("answers", "ok", "asked"),
+    [
+        # Caddy's reload closed the first stream before a byte; the second streams.
+        ([EMPTY_STREAM, TOKEN_STREAM], True, 2),
+        # An ingress that keeps closing stays a failed look (the judge counts it).
+        ([EMPTY_STREAM, EMPTY_STREAM], False, 2),
+        # A status is an answer: never asked again.
+        ([b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"], False, 1),
+        ([TOKEN_STREAM], True, 1),
+    ],
+)
+def test_a_stream_closed_before_its_first_byte_is_asked_once_more(
+    tmp_path: Path, answers: list[bytes], ok: bool, asked: int
+) -> None:
+    port, seen = _answering_server(answers)
+    dog = Watchdog({**OPTS, "state_path": str(tmp_path / "state.json"), "token_deadline_s": 5,
+                    "ingress": {"base_url": f"http://127.0.0.1:{port}/v1", "model": "m"}})
+    token = dog.ingress_token("k")
+    assert token["ok"] is ok, token
+    assert len(seen) == asked, seen
+    assert ("asked_again" in token) is (asked == 2), token
