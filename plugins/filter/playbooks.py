@@ -1,0 +1,44 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The hosts of every stage play, in one place.
+
+- ``work_hosts``: a play's host pattern, or none once ``site.yml`` found nothing to do
+  (``playbooks/site_converged.yml`` sets ``localinference_nothing_to_do`` on localhost;
+  the upgrade sets it after a promotion). Every stage play names its hosts through it:
+  ``hosts: "{{ 'vllm_cluster' | localinference.vllm.work_hosts(hostvars | default({})) }}"``.
+  ``hostvars`` is undefined while the first play of a run is templated (nothing has set the
+  switch yet): ``default({})`` says so, and the pattern stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
+
+SWITCH = "localinference_nothing_to_do"
+
+
+def work_hosts(pattern: Any, hostvars: Any) -> str | list[str]:
+    """``pattern`` while there is work to do, else no host at all (``[]``)."""
+    if not isinstance(pattern, str) or not pattern.strip():
+        raise AnsibleFilterError(f"work_hosts: the host pattern must be a non-empty string, got {pattern!r}")
+    if not isinstance(hostvars, Mapping):
+        raise AnsibleFilterError(f"work_hosts: pass hostvars | default({{}}) as its argument, got {type(hostvars).__name__}")
+    localhost = hostvars.get("localhost") or {}
+    switch = localhost.get(SWITCH, False)
+    try:
+        idle = boolean(switch, strict=True)
+    except TypeError:
+        raise AnsibleFilterError(
+            f"{SWITCH} must be true or false, got {str(switch)[:40]!r}: it is set by playbooks/site.yml "
+            "(nothing to do), never by hand"
+        ) from None
+    return [] if idle else pattern
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"work_hosts": work_hosts}
