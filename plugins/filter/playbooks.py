@@ -26,7 +26,9 @@ def work_hosts(pattern: Any, hostvars: Any) -> str | list[str]:
     if not isinstance(pattern, str) or not pattern.strip():
         raise AnsibleFilterError(f"work_hosts: the host pattern must be a non-empty string, got {pattern!r}")
     if not isinstance(hostvars, Mapping):
-        raise AnsibleFilterError(f"work_hosts: pass hostvars | default({{}}) as its argument, got {type(hostvars).__name__}")
+        raise AnsibleFilterError(
+            f"work_hosts: pass hostvars | default({{}}) as its argument, got {type(hostvars).__name__}"
+        )
     localhost = hostvars.get("localhost") or {}
     switch = localhost.get(SWITCH, False)
     try:
