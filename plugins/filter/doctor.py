@@ -5,6 +5,8 @@
 - ``doctor_findings``: the gathered evidence (see ``_doctor.judge``) judged:
   ``{healthy, verdict, findings, checked}``; never raises on malformed evidence.
 - ``doctor_probe_urls``: the ingress health URLs the head's saved ingress result lists.
+- ``doctor_client_paths``: where the other clients' configs (Claude Code, Codex, Qwen Code, Crush) are
+  on the controller: the head's saved client result, else ``agent_client_dir/<client>/<file>``.
 - ``doctor_probe_ca``: the controller's copy of the CA those https URLs chain to ('' for none).
 - ``doctor_token_targets``: where the head streams its token (through the ingress with the
   key, then at the engine), from what ``doctor_facts`` read on the head, and the key file.
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor import (
+    client_paths,
     judge,
     probe_ca,
     probe_urls,
@@ -33,6 +36,10 @@ def doctor_probe_urls(evidence: Any) -> list[str]:
     return probe_urls(evidence)
 
 
+def doctor_client_paths(evidence: Any, clients: Any = None, client_dir: Any = "") -> dict[str, str]:
+    return client_paths(evidence, clients, client_dir)
+
+
 def doctor_probe_ca(evidence: Any) -> str:
     return probe_ca(evidence)
 
@@ -47,5 +54,6 @@ class FilterModule:
             "doctor_findings": doctor_findings,
             "doctor_probe_urls": doctor_probe_urls,
             "doctor_probe_ca": doctor_probe_ca,
+            "doctor_client_paths": doctor_client_paths,
             "doctor_token_targets": doctor_token_targets,
         }

@@ -65,6 +65,10 @@ ENV_FILE = "env"
 # https://github.com/calebevans/mulder/pull/192
 CLAUDE_OUTPUT_RESERVE_CAP = 20000
 CLAUDE_COMPACT_MARGIN = 13000
+# What Claude Code assumes without those two variables (same sources): a window of 1m tokens
+# for an id it does not know, and 32000 tokens of output.
+CLAUDE_DEFAULT_WINDOW = 1000000
+CLAUDE_DEFAULT_OUTPUT = 32000
 # Crush summarizes when the free context falls to 20,000 tokens (windows above
 # 200,000) or to 20 % of the window (smaller ones):
 # https://github.com/charmbracelet/crush internal/agent/agent.go
@@ -161,26 +165,61 @@ def _plan(plan: Any) -> tuple[int, int, int]:
 # --- each client's budget -----------------------------------------------------
 
 
-def _refusals(context: int, out: int, compact_at: int, prompt_floor: int | None) -> list[str]:
-    """Why a client's limits cannot work in the served context (F8, F9); empty when they fit."""
+def budget_problems(
+    context: int, out: int, compact_at: int, prompt_floor: int | None
+) -> list[tuple[str, str]]:
+    """``(id, reason)`` for each way a client's limits cannot work in the served context.
+
+    The id is F8 (prompt + output overflow), F9 (compaction at or below the prompt floor) or
+    ``output`` (too little output to answer). The renderer refuses on any of them; the doctor
+    names the same ones for a config it reads back (:mod:`_client_check`).
+    """
     reasons = []
     if out < MIN_OUTPUT:
-        reasons.append(f"output {out} is below {MIN_OUTPUT} tokens")
+        reasons.append(("output", f"output {out} is below {MIN_OUTPUT} tokens"))
     if out >= context:
-        reasons.append(f"output {out} is not below the served context {context} (F8)")
+        reasons.append(("F8", f"output {out} is not below the served context {context} (F8)"))
     if compact_at + out > context:
         reasons.append(
-            f"compaction point {compact_at} + output {out} exceeds the served context {context} (F8)"
+            (
+                "F8",
+                f"compaction point {compact_at} + output {out} exceeds the served context {context} (F8)",
+            )
         )
     if prompt_floor is None:
         if compact_at <= 0:
-            reasons.append(f"compaction point {compact_at}: it would compact after every turn (F9)")
+            reasons.append(
+                ("F9", f"compaction point {compact_at}: it would compact after every turn (F9)")
+            )
     elif compact_at < prompt_floor + WORK_ROOM:
         reasons.append(
-            f"compaction point {compact_at} is below the prompt floor {prompt_floor} + {WORK_ROOM} tokens"
-            " of room to work (F9)"
+            (
+                "F9",
+                f"compaction point {compact_at} is below the prompt floor {prompt_floor} + {WORK_ROOM}"
+                " tokens of room to work (F9)",
+            )
         )
     return reasons
+
+
+def _refusals(context: int, out: int, compact_at: int, prompt_floor: int | None) -> list[str]:
+    """Why a client's limits cannot work in the served context (F8, F9); empty when they fit."""
+    return [reason for _, reason in budget_problems(context, out, compact_at, prompt_floor)]
+
+
+def claude_compact_at(context: int, out: int) -> int:
+    """Where Claude Code compacts in a window of ``context`` asking for ``out`` tokens."""
+    return context - min(out, CLAUDE_OUTPUT_RESERVE_CAP) - CLAUDE_COMPACT_MARGIN
+
+
+def qwen_compact_at(context: int, share: float) -> int:
+    """Where Qwen Code compacts (at the latest): ``autoCompactThreshold`` of its window."""
+    return int(share * context)
+
+
+def crush_reserve(context: int) -> int:
+    """The free context at which Crush summarizes (the window's size decides which rule)."""
+    return CRUSH_LARGE_BUFFER if context > CRUSH_LARGE_WINDOW else int(context * CRUSH_SMALL_RATIO)
 
 
 def client_budget(
@@ -191,16 +230,14 @@ def client_budget(
     if client == CLAUDE_CODE:
         # Its prompt at the compaction point plus its output must fit: O - min(O, 20000) <= 13000.
         out = min(output, CLAUDE_OUTPUT_RESERVE_CAP + CLAUDE_COMPACT_MARGIN)
-        reserve = min(out, CLAUDE_OUTPUT_RESERVE_CAP) + CLAUDE_COMPACT_MARGIN
-        compact_at = context - reserve
+        compact_at = claude_compact_at(context, out)
         rule = f"compacts at context - min(output, {CLAUDE_OUTPUT_RESERVE_CAP}) - {CLAUDE_COMPACT_MARGIN}"
     elif client == CODEX:
         # Codex compacts at model_auto_compact_token_limit, which we set to opencode's B = I - R.
         # https://developers.openai.com/codex/config-reference (model_context_window,
         # model_auto_compact_token_limit)
         out = output
-        reserve = output + reserved
-        compact_at = context - reserve
+        compact_at = context - output - reserved
         rule = "compacts at model_auto_compact_token_limit = context - output - reserved"
     elif client == QWEN_CODE:
         # Qwen Code 0.24.4 compacts at context.autoCompactThreshold of the window (default 0.85; a
@@ -209,13 +246,10 @@ def client_budget(
         # bundled/qc-helper/docs/configuration/settings.md (https://github.com/QwenLM/qwen-code, PR #4345).
         out = output
         share = max(0, (context - output - reserved) * 1000 // context) / 1000
-        compact_at = int(share * context)
-        reserve = context - compact_at
+        compact_at = qwen_compact_at(context, share)
         rule = f"compacts at autoCompactThreshold {share} x context (or earlier)"
     elif client == CRUSH:
-        reserve = (
-            CRUSH_LARGE_BUFFER if context > CRUSH_LARGE_WINDOW else int(context * CRUSH_SMALL_RATIO)
-        )
+        reserve = crush_reserve(context)
         out = min(output, reserve, CRUSH_MAX_TOKENS_CAP)
         compact_at = context - reserve
         rule = (

@@ -22,7 +22,9 @@ Input (every part optional; anything malformed is a finding, never an exception)
                               "unreachable": false, "gather_error": null}, ...},
      "ingress_probes": [{"url": ..., "status": 502, "content": "...", "msg": "..."}],
      # nodes[head]["live"]: the head's streamed-token probe and incidents (_doctor_serving.py)
-     "client": {"provider": "localinference", "config": <doctor_facts file record>}}
+     "client": {"provider": "localinference", "config": <doctor_facts file record>,
+                # the other clients' configs (Claude Code, Codex, Qwen Code, Crush), by client
+                "others": {"codex": <doctor_facts file record>, ...}}}
 
 No AnsibleModule here: unit-tested on its own (tests/unit/plugins/module_utils/test_doctor.py).
 """
@@ -33,6 +35,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.client._client_check import (
+    config_paths,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor_context import (
     CATALOG_IDS,
     Doctor,
@@ -537,9 +542,9 @@ def stage_checks(d: Doctor) -> None:
             )
     for fid in sorted(ids - set(CATALOG_IDS)):
         d.saved_findings(fid)
-    for item in d.client_findings():
-        if item["id"] not in CATALOG_IDS:
-            d.client(item["id"])
+    for fid in dict.fromkeys(item["id"] for item in d.client_findings()):
+        if fid not in CATALOG_IDS:
+            d.client(fid)
 
 
 def _merge(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -611,6 +616,14 @@ def probe_urls(evidence: Any) -> list[str]:
     ingress = d.saved("ingress") or {}
     urls = [r.get("health_url") for r in ingress.get("routes") or [] if isinstance(r, dict)]
     return [u for u in urls if isinstance(u, str) and u.startswith(("http://", "https://"))]
+
+
+def client_paths(evidence: Any, clients: Any = None, client_dir: Any = "") -> dict[str, str]:
+    """Where the other clients' configs are on the controller, to read before judging: the paths
+    the head's saved client result records, else ``client_dir/<client>/<file>`` for each client
+    of ``clients`` (the inventory's agent_client_clients)."""
+    saved = Doctor(evidence).saved("client") or {}
+    return config_paths(saved.get("clients"), clients, client_dir)
 
 
 def probe_ca(evidence: Any) -> str:

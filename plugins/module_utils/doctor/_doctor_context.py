@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.client._client_check import (
+    judge_clients,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.client._opencode import (
     OpencodeConfigError,
     parse_config,
@@ -252,20 +255,26 @@ class Doctor:
         return [(h, n, n.log) for h, n in self.nodes.items() if n.log is not None]
 
     def client_findings(self) -> list[dict[str, Any]]:
-        """opencode's config judged against the served context and the saved measurement."""
+        """opencode's config and the other clients' configs judged against the served context and
+        the saved measurement."""
         if self._client_findings is None:
-            self._client_findings = self._judge_client()
+            basis = self._client_basis()
+            self._client_findings = (
+                self._judge_client(*basis) + self._judge_others(*basis) if basis else []
+            )
         return self._client_findings
 
-    def _judge_client(self) -> list[dict[str, Any]]:
+    def _client_basis(self) -> tuple[dict[str, Any], int] | None:
+        """``(measurement, served context)`` when the client stage's saved result can be trusted."""
         record = self.client_input.get("config")
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            return []
-        path = str(record.get("path") or "opencode.json")
+        others = self.client_input.get("others")
+        has_config = isinstance(record, dict) and isinstance(record.get("text"), str)
+        if not has_config and not (isinstance(others, dict) and others):
+            return None
         measured = self.saved("client")
         if measured is None:
-            # The client stage never ran: this opencode config is not the collection's to judge.
-            return []
+            # The client stage never ran: these configs are not the collection's to judge.
+            return None
         head = self.head_node()
         served = head.serving["recipe"].get("max_model_len") if head and head.serving else None
         served = served if _count(served) else measured.get("max_model_len")
@@ -288,7 +297,14 @@ class Doctor:
                 f"{self.head}:{self.nodes[self.head].paths.get('client')}",
                 "run the client stage (--tags client) to measure again",
             )
+            return None
+        return measured, served
+
+    def _judge_client(self, measured: dict[str, Any], served: int) -> list[dict[str, Any]]:
+        record = self.client_input.get("config")
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             return []
+        path = str(record.get("path") or "opencode.json")
         provider = self.client_input.get("provider") or "localinference"
         try:
             config = parse_config(record["text"], path, allow_jsonc=True)
@@ -313,6 +329,15 @@ class Doctor:
             f"served {served}, prompt floor {numbers.get('prompt_floor')}"
         )
         return [{**f, "evidence": where} for f in found]
+
+    def _judge_others(self, measured: dict[str, Any], served: int) -> list[dict[str, Any]]:
+        """Claude Code's, Codex's, Qwen Code's and Crush's configs (``_client_check.py``)."""
+        return judge_clients(
+            self.client_input.get("others"),
+            measured.get("clients"),
+            served=served,
+            reasoning_key=measured["reasoning_key"],
+        )
 
     def client(self, fid: str) -> None:
         for item in self.client_findings():
