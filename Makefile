@@ -16,7 +16,7 @@ MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
 .PHONY: help bootstrap system-packages images lab lab-up lab-down lab-clean test test-unit lint sanity \
-        test-molecule test-lab test-lab-faults test-lab-extended test-scale scale-up scale-down test-onehost build bench soak \
+        test-molecule test-lab test-lab-faults test-lab-extended test-lab-clients test-scale scale-up scale-down test-onehost build bench soak \
         test-release docs release
 
 help:
@@ -25,6 +25,7 @@ help:
 	@echo "make lab-up     create the lab hosts only;  make lab-down  remove the lab"
 	@echo "make test-lab   the lab tests (tests/lab: state, then faults) against a lab made by 'make lab'"
 	@echo "make test-lab-extended  the long fault scenarios CI's hour leaves out, against 'make lab'"
+	@echo "make test-lab-clients   Claude Code, Codex and Qwen Code for real through their generated configs"
 	@echo "make test-scale the three-host lab (molecule/scale): create, converge, idempotence, test, destroy"
 	@echo "make scale-up   create and converge the three-host lab and leave it up;  make scale-down  remove it"
 	@echo "make test-onehost the one-host lab (molecule/onehost): create, converge, idempotence, test, destroy"
@@ -158,6 +159,14 @@ test-lab-faults: bootstrap
 # against a lab made by `make lab`.
 test-lab-extended: bootstrap
 	$(LAB_PYTEST) -m extended tests/lab/faults
+
+# Claude Code, Codex and Qwen Code for real through their generated configs, on a
+# lab made by `make lab` (tests/lab/clients; about 1 min once installed). The
+# pinned clients (lab/agent-clients.txt) are installed first: about 900 MB from
+# npm and 3-4 min on a fresh machine, which is why CI does not run this.
+test-lab-clients: bootstrap
+	for client in claude_code codex qwen_code; do bash lab/bin/agent-client $$client >/dev/null || exit 1; done
+	$(LAB_PYTEST) tests/lab/clients
 
 # Every benchmark (benchmarks/bench.py; BENCH_ARGS="--only verify,noop" picks
 # parts): prints the ratios and writes $(LAB)/bench.json. The lab parts need

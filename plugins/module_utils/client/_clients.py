@@ -437,8 +437,10 @@ def _crush(p: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], str]:
 
 
 _RENDER = {CLAUDE_CODE: _claude_code, CODEX: _codex, QWEN_CODE: _qwen_code, CRUSH: _crush}
-# Node clients trust the ingress's CA through NODE_EXTRA_CA_CERTS; Codex (Rust) and Crush (Go)
-# read the system store.
+# The ingress's CA (TLS beyond the head's loopback): Node clients add it to their store
+# through NODE_EXTRA_CA_CERTS; Codex (Rust) and Crush (Go) read SSL_CERT_FILE, which stands
+# for the system store in that process (measured, Codex 0.169.0 against the lab's Caddy:
+# without it every request fails "Connection failed: error sending request").
 _NODE = (CLAUDE_CODE, QWEN_CODE)
 
 
@@ -499,8 +501,8 @@ def render(
         text = dumps(doc) if fmt == "toml" else json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
     except TomlWriteError as exc:
         raise ClientConfigError(f"{path}: {exc}") from None
-    if ca_file and client in _NODE:
-        env = {**env, "NODE_EXTRA_CA_CERTS": ca_file}
+    if ca_file:
+        env = {**env, ("NODE_EXTRA_CA_CERTS" if client in _NODE else "SSL_CERT_FILE"): ca_file}
     return {
         "client": client,
         "package": PACKAGES[client],

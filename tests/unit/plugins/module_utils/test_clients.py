@@ -169,8 +169,9 @@ def test_codex_config_toml():
     assert doc["model_providers"]["localinference"] == {
         "name": "localinference", "base_url": URL, "env_key": "LOCALINFERENCE_API_KEY",
         "wire_api": "responses", "requires_openai_auth": False}
-    # Codex is not a Node program: no NODE_EXTRA_CA_CERTS.
-    assert got["env"] == {"CODEX_HOME": f"{DIR}/codex"}
+    # Codex is not a Node program: the CA through SSL_CERT_FILE, not NODE_EXTRA_CA_CERTS.
+    assert got["env"] == {"CODEX_HOME": f"{DIR}/codex", "SSL_CERT_FILE": "/home/op/ca.crt"}
+    assert rendered("codex")["env"] == {"CODEX_HOME": f"{DIR}/codex"}
 
 
 def test_qwen_code_settings():

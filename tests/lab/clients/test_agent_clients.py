@@ -1,0 +1,136 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Claude Code, Codex and Qwen Code, for real, through the configs the client stage wrote.
+
+``make test-lab-clients`` (on a lab made by ``make lab``) installs the pinned clients
+(lab/agent-clients.txt, lab/bin/agent-client), runs the client stage with
+``agent_client_clients`` naming them, then runs each client for one turn with nothing but
+its env file (``.lab/clients/<client>/env``: where its config is, the key, the ingress's CA)
+and a scratch HOME, through Caddy over TLS with the key:
+
+- exit 0, the scripted answer, the scripted reasoning kept out of the answer;
+- a tool round trip: the lab's scripted model (lab/tiny_model.py) calls opencode's ``read``
+  whatever tools it is offered, none of these clients offers a tool of that name, so each
+  client sends back its own refusal of that call as the tool's result and the model answers
+  after it. The round trip is real (the call parsed by the client, its result in the second
+  request); the tool itself never runs. A model that calls each client's own tool by its
+  own name is not built (the scripted weights know one call);
+- no HTTP 4xx in the server's log, and the window each client took from its config.
+
+Crush is not run: its npm package downloads its binary at install time, which the offline
+lab cannot do (README, "What the lab cannot prove").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.harness import HEAD, LAB_DIR, VLLM_UNIT, exec_on, read_json, run, run_playbook
+from lab.tiny_model import ANSWER, REASONING_ANSWER, REASONING_TOOL, TOOL_NAME
+
+pytestmark = pytest.mark.lab
+
+CLIENTS_DIR = LAB_DIR / "clients"
+CLI = {
+    "claude_code": LAB_DIR / "clients-cli" / "claude_code" / "node_modules" / ".bin" / "claude",
+    "codex": LAB_DIR / "clients-cli" / "codex" / "node_modules" / ".bin" / "codex",
+    "qwen_code": LAB_DIR / "clients-cli" / "qwen_code" / "node_modules" / ".bin" / "qwen",
+}
+PROMPT = "Say hello."
+RUN_TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def rendered(lab_hosts, require_lab) -> dict[str, Any]:
+    """The client stage run with every installed client; the head's saved client result."""
+    missing = [str(path) for path in CLI.values() if not path.exists()]
+    require_lab(not missing, f"needs the pinned clients ({', '.join(missing)}): make test-lab-clients")
+    done = run_playbook(
+        "client.yml", extra_vars={"agent_client_clients": ["opencode", *CLI]}, timeout=900
+    )
+    assert done.rc == 0, done.tail()
+    return read_json(HEAD, "/etc/localinference/client.json")["result"]
+
+
+def _env(client: str, scratch: Path) -> dict[str, str]:
+    env_file = CLIENTS_DIR / client / "env"
+    assert oct(env_file.stat().st_mode & 0o777) == "0o600", f"{env_file} must be mode 0600"
+    pairs = (line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    keep = ("PATH", "LANG", "TERM")
+    env = {name: value for name, value in os.environ.items() if name in keep}
+    env.update({name.strip(): value.strip() for name, value in pairs})
+    env.update({"HOME": str(scratch), "XDG_CONFIG_HOME": str(scratch / "config"), "NO_COLOR": "1"})
+    return env
+
+
+def _claude_code(stdout: str) -> dict[str, Any]:
+    result = json.loads(stdout.strip().splitlines()[-1])
+    return {"ok": result.get("is_error") is False and result.get("subtype") == "success",
+            "text": result.get("result") or "", "turns": result.get("num_turns"),
+            "window": (result.get("modelUsage") or {}).get(next(iter(result.get("modelUsage") or {"": 0})),
+                                                            {}).get("contextWindow")}  # fmt: skip
+
+
+def _codex(stdout: str) -> dict[str, Any]:
+    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    items = [e["item"] for e in events if e.get("type") == "item.completed"]
+    text = "".join(i.get("text", "") for i in items if i.get("type") == "agent_message")
+    failed = [e for e in events if e.get("type") in ("turn.failed", "error")]
+    return {"ok": not failed and any(e.get("type") == "turn.completed" for e in events),
+            "text": text, "turns": None, "window": None, "events": events}  # fmt: skip
+
+
+def _qwen_code(stdout: str) -> dict[str, Any]:
+    document = json.loads(stdout[stdout.index("["):])
+    result = next(e for e in document if e.get("type") == "result")
+    tools = (result.get("stats") or {}).get("tools") or {}
+    return {"ok": result.get("is_error") is False, "text": result.get("result") or "",
+            "turns": result.get("num_turns"), "window": None,
+            "tool_calls": {name: v.get("count") for name, v in (tools.get("byName") or {}).items()}}  # fmt: skip
+
+
+COMMANDS = {
+    "claude_code": (["-p", PROMPT, "--output-format", "json"], _claude_code),
+    "codex": (["exec", "--skip-git-repo-check", "--json", PROMPT], _codex),
+    "qwen_code": (["-p", PROMPT, "--output-format", "json"], _qwen_code),
+}
+
+
+@pytest.mark.parametrize("client", list(CLI))
+def test_the_real_client_completes_a_turn_through_its_generated_config(rendered, client, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    since = exec_on(HEAD, "date", "+%s").stdout.strip()
+    argv, parse = COMMANDS[client]
+    done = run(["timeout", "--kill-after=10", str(RUN_TIMEOUT), CLI[client], *argv],
+               env=_env(client, tmp_path), cwd=work, timeout=RUN_TIMEOUT + 60, check=False,
+               input="")  # fmt: skip
+    shown = f"rc={done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-1500:]}"
+    assert done.returncode == 0, shown
+    turn = parse(done.stdout)
+    assert turn["ok"], shown
+    assert turn["text"].strip() == ANSWER, shown
+    for reasoning in (REASONING_TOOL, REASONING_ANSWER, "<think>", "</think>"):
+        assert reasoning not in turn["text"], shown
+    journal = exec_on(
+        HEAD, "journalctl", "-u", VLLM_UNIT, "--since", f"@{since}", "--no-pager", "-o", "cat"
+    ).stdout
+    posts = [line for line in journal.splitlines() if '"POST /v1/' in line]
+    assert len(posts) >= 2, f"the server logged {len(posts)} requests for a turn with a tool call:\n{journal[-1500:]}"
+    refused = [line for line in journal.splitlines() if re.search(r'" 4\d\d ', line)]
+    assert not refused, "HTTP 4xx in the server log:\n" + "\n".join(refused[-5:])
+    # The tool round trip: the scripted call, then the answer after its result.
+    if client == "qwen_code":
+        assert turn["tool_calls"] == {TOOL_NAME: 1} and turn["turns"] == 2, shown
+    if client == "claude_code":
+        assert turn["turns"] == 2, shown
+        # The window Claude Code took is the served context the config says, not its 1M guess.
+        assert turn["window"] == rendered["max_model_len"], shown
+    if client == "codex":
+        assert "unsupported call: " + TOOL_NAME in done.stderr, shown
