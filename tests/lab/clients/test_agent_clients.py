@@ -134,3 +134,22 @@ def test_the_real_client_completes_a_turn_through_its_generated_config(rendered,
         assert turn["window"] == rendered["max_model_len"], shown
     if client == "codex":
         assert "unsupported call: " + TOOL_NAME in done.stderr, shown
+
+
+def test_the_doctor_names_a_wrong_limit_planted_in_a_clients_config(rendered):
+    """Qwen Code's window set above the served context: F8 for qwen_code, that file named."""
+    path = CLIENTS_DIR / "qwen_code" / "settings.json"
+    before = path.read_text()
+    document = json.loads(before)
+    document["modelProviders"]["openai"][0]["generationConfig"]["contextWindowSize"] = 4 * rendered["max_model_len"]
+    try:
+        path.write_text(json.dumps(document, indent=2))
+        planted = run_playbook("doctor.yml", timeout=600)
+    finally:
+        path.write_text(before)
+    flat = " ".join((planted.stdout + planted.stderr).split())
+    assert planted.rc != 0, flat[-3000:]
+    assert "F8 error qwen_code: generationConfig.contextWindowSize" in flat, flat[-3000:]
+    assert str(path) in flat, flat[-3000:]
+    healthy = run_playbook("doctor.yml", timeout=600)
+    assert healthy.rc == 0 and "qwen_code" not in healthy.stdout, healthy.tail()
