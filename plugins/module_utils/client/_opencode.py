@@ -157,7 +157,7 @@ def client_reads(version: str) -> tuple[tuple[str, ...], str]:
         )
     oldest, oldest_reads = _READS_MEASURED[-1]
     if wanted <= oldest:
-        return oldest_reads, "seed 000 (opencode 1.18.15 showed vLLM's reasoning field as nothing)"
+        return oldest_reads, "the two-Spark field report (opencode 1.18.15 showed vLLM's reasoning field as nothing)"
     return oldest_reads, (
         f"not measured for {version}; assuming the older behaviour (reasoning_content only);"
         " upgrade to 1.18.33 or pass client_reads"

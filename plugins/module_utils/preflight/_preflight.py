@@ -71,7 +71,7 @@ _OTHERS = ("OTHERS GiB", "VERDICT")
 
 SATURATED_MESSAGE = "SATURATED, not down: the kernel answers but nothing else does in time."
 SATURATED_FIX = (
-    "Do not reboot or re-provision it; wait for the load to fall (seed 000: load 278 fell to 16"
+    "Do not reboot or re-provision it; wait for the load to fall (the two-Spark field report: load 278 fell to 16"
     " within minutes of the last checkpoint load) or stop the job that saturates it, then re-run"
     " --tags preflight."
 )
@@ -222,7 +222,7 @@ def _memory_findings(
                 "error",
                 f"swap {swap}% used is above preflight_max_swap_used_percent="
                 f"{shown['preflight_max_swap_used_percent']}",
-                "the kernel is paging another tenant out (seed 000: 13-14 of 15 GB); free memory"
+                "the kernel is paging another tenant out (the two-Spark field report: 13-14 of 15 GB); free memory"
                 " on this node before the start",
                 host=host,
                 check="swap",
