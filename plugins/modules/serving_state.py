@@ -301,7 +301,7 @@ environment:
   type: dict
 problems:
   description:
-    - Deployment defects in the recipe (C(id), C(blocking), C(message)); F14, F17.
+    - Deployment defects in the recipe as findings (C(id), C(severity), C(blocking), C(message), C(fix)); F4, F14, F17, F27.
     - F27 when the parallel layout does not fit the cluster (C(node.nnodes)), the GPUs named in
       C(recipe.devices) or the model's C(config.json) in C(node.weights_path) (heads, KV heads, layers).
   returned: always
@@ -510,10 +510,7 @@ def layout_problems(recipe, node):
     found = lint_parallel(
         recipe, node.nnodes, gpus_in_devices(recipe["devices"]), model_geometry(config)
     )
-    return [
-        {"id": f["id"], "blocking": f["severity"] == "error", "message": f["message"]}
-        for f in found
-    ]
+    return [{**f, "blocking": f["severity"] == "error"} for f in found]
 
 
 def _load(path, unit_dirs, label):

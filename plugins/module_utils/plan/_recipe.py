@@ -668,7 +668,8 @@ def unknown_flags(argv: list[str], flags: set[str]) -> list[str]:
 
 
 def problems(recipe: dict[str, Any]) -> list[dict[str, Any]]:
-    """Deployment defects this module can see in a normalised recipe (F14, F17).
+    """Deployment defects this module can see in a normalised recipe (F14, F17), as findings
+    with ``blocking`` (an error stops the start; an asked ``privileged: true`` only warns).
 
     Capacity lint (F1, F3, F12, F15...) belongs to the plan's lint.
     """
@@ -677,21 +678,22 @@ def problems(recipe: dict[str, Any]) -> list[dict[str, Any]]:
     ipc_host = recipe["ipc_host"] or any(a in ("--ipc=host",) for a in podman)
     if ipc_host and (recipe.get("shm_size") or any(a.startswith("--shm-size") for a in podman)):
         found.append(
-            {
-                "id": "F14",
-                "blocking": True,
-                "message": "ipc_host with shm_size: Podman refuses --ipc=host together with "
-                "ShmSize= at run time; choose host IPC (drop shm_size) or a container "
-                "/dev/shm size (ipc_host: false)",
-            }
+            finding(
+                "F14",
+                "error",
+                "ipc_host with shm_size: Podman refuses --ipc=host together with ShmSize= at run time",
+                "choose host IPC (drop shm_size) or a container /dev/shm size (ipc_host: false)",
+                blocking=True,
+            )
         )
     if recipe["privileged"] or "--privileged" in podman:
         found.append(
-            {
-                "id": "F17",
-                "blocking": not recipe["privileged"],
-                "message": "--privileged grants every device and capability; list the GPUs in "
-                "devices (AddDevice=nvidia.com/gpu=N) and keep privileged: false",
-            }
+            finding(
+                "F17",
+                "warning" if recipe["privileged"] else "error",
+                "--privileged grants every device and capability",
+                "list the GPUs in devices (AddDevice=nvidia.com/gpu=N) and keep privileged: false",
+                blocking=not recipe["privileged"],
+            )
         )
     return found

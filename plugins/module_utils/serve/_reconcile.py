@@ -162,7 +162,9 @@ def decide(
     document, units = wanted["document"], wanted["units"]
     blocking = [p for p in options["problems"] if p["blocking"]]
     if blocking and state != "absent":
-        return Plan(refusal="; ".join(f"{p['id']}: {p['message']}" for p in blocking))
+        return Plan(refusal="; ".join(
+            f"{p['id']}: {p['message']}" + (f"; {p['fix']}" if p.get("fix") else "") for p in blocking
+        ))
     if state == "staged":
         steps, refused = _staged(document, units, options["staging_dir"], observed)
         return Plan(

@@ -44,6 +44,7 @@ from typing import Any
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._gid_start import (
     REFUSAL_MARKER as GID_MARKER,
 )
@@ -419,14 +420,13 @@ def utilization_problems(recipe: dict[str, Any], policy: Policy) -> list[dict[st
     if not policy.unified_memory or asked is None or float(asked) <= cap:
         return []
     return [
-        {
-            "id": "F4",
-            "blocking": True,
-            "message": (
-                f"vllm_recipe.gpu_memory_utilization {float(asked):g} is above {cap:g}, the cap on"
-                " unified memory (serve_max_gpu_memory_utilization): the engine would share the"
-                " node's one memory pool with the OS with too little left; set it to at most"
-                f" {cap:g}, or raise the cap knowingly (docs/failure-catalog.md#f4)"
-            ),
-        }
+        finding(
+            "F4",
+            "error",
+            f"vllm_recipe.gpu_memory_utilization {float(asked):g} is above {cap:g}, the cap on"
+            " unified memory (serve_max_gpu_memory_utilization): the engine would share the"
+            " node's one memory pool with the OS with too little left",
+            f"set it to at most {cap:g}, or raise the cap knowingly (docs/failure-catalog.md#f4)",
+            blocking=True,
+        )
     ]

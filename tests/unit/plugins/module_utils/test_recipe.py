@@ -257,6 +257,8 @@ def test_systemd_mode_needs_no_image():
 def test_deployment_problems_f14_f17(change, expected):
     found = problems(normalise({**FULL, **change}))
     assert [(p["id"], p["blocking"]) for p in found] == expected
+    # Findings like every stage's: an error blocks, each with the fix beside its message.
+    assert all(p["blocking"] is (p["severity"] == "error") and p["fix"] for p in found), found
 
 
 def test_normalise_canonicalises_validated_values_and_stays_idempotent():
