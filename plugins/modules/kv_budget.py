@@ -167,7 +167,7 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Plan from four profiled boots (seed 000), tokens only
+- name: Plan from four profiled boots (the two-Spark field report), tokens only
   localinference.vllm.kv_budget:
     observations:
       - {max_model_len: 24576, kv_tokens: 26890}

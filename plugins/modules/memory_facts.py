@@ -11,8 +11,8 @@ description:
   - Reads C(MemTotal)/C(MemAvailable) and swap from C(/proc/meminfo), memory pressure (PSI) from
     C(/proc/pressure/memory), the size and free space of C(/dev/shm), the memlock limit, the load average, the
     cgroup memory limit of the node (when it runs inside one) and the processes of other users with the largest RSS.
-  - Processes are only read, never signalled. Seed 000 lost a start to another user's 17.56 GB of processes on the
-    worker; the memory is reported so the plan sizes for it, not reclaimed.
+  - Processes are only read, never signalled. The two-Spark field report lost a start to another user's 17.56 GB
+    of processes on the worker; the memory is reported so the plan sizes for it, not reclaimed.
   - Results are returned under C(ansible_facts.memory).
 author:
   - localinference.vllm developers (@localinference)

@@ -106,7 +106,7 @@ EXAMPLES = r"""
     prompt_floor: 11012
     reasoning_key: reasoning
 
-- name: Judge an existing config (seed 000's context 8192 / reserved 8000 fails with F9)
+- name: Judge an existing config (the two-Spark field report's context 8192 / reserved 8000 fails with F9)
   localinference.vllm.opencode_config:
     path: ~/.config/opencode/opencode.json
     state: checked

@@ -24,7 +24,7 @@ description:
     failing or not answering within O(timeout)) nothing is deleted, RV(proven) is false and the
     reasons are listed in RV(refusals); O(state=reclaimed) then fails naming them. A process that
     exits between the listing of C(/proc) and the reading of its files is not missing evidence.
-  - A running container with the directory mounted blocks reclaim (seed 004, "no running
+  - A running container with the directory mounted blocks reclaim (the offload qualification report, "no running
     native-offload owner"), even though this collection's containers run in the host's PID
     namespace and C(/proc) already shows their processes. Podman is asked only when its binary
     exists (O(podman)); rootless containers of other users are covered by C(/proc) alone.

@@ -82,7 +82,7 @@ def needed_context(prompt_floor: int, output: int, reserved: int | None = None) 
 def rejection_prompt_bound(max_context_length: int, requested_output_tokens: int) -> int:
     """The "at least N input tokens" vLLM prints: ``L - O + 1``, a bound, not a measurement.
 
-    Seed 000's 8,193 is exactly 16,384 - 8,192 + 1: vLLM only proved the prompt
+    The two-Spark field report's 8,193 is exactly 16,384 - 8,192 + 1: vLLM only proved the prompt
     did not fit beside 8,192 output tokens.
     """
     return max_context_length - requested_output_tokens + 1

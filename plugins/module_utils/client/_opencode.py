@@ -43,7 +43,7 @@ CONFIG_CHECK = "client-config"
 
 # Which delta fields opencode's bundled @ai-sdk/openai-compatible reads for
 # reasoning, in order. 1.18.33: ``delta.reasoning_content ?? delta.reasoning``
-# (read in the 1.18.33 binary's doStream). Seed 000's 1.18.15 showed vLLM's
+# (read in the 1.18.33 binary's doStream). The two-Spark field report's 1.18.15 showed vLLM's
 # ``reasoning`` chunks as nothing ("thinking" forever): reasoning_content only.
 # Versions in between were not measured.
 _READS_MEASURED = (

@@ -81,7 +81,7 @@ IPC_SHM_REFUSAL = "cannot set shmsize when running in the"
 OFFLOAD_MMAP_FAILURE = ("[Errno 14] Bad address",)
 # What vLLM's API server prints once it serves (uvicorn).
 STARTUP_COMPLETE = "Application startup complete"
-# What GPU builds of vLLM print when kv_cache_memory_bytes pins the cache (seed 000).
+# What GPU builds of vLLM print when kv_cache_memory_bytes pins the cache (the two-Spark field report).
 PROFILING_SKIPPED = "does not respect the gpu_memory_utilization"
 # serving_state's difference for a node without serving.json.
 NEVER_ROLLED_OUT = "serving.json: missing on the node (never rolled out, or removed)"

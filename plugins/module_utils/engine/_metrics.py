@@ -14,7 +14,7 @@ vLLM also logs, every few seconds while it works, a line such as
 ``Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput:
 359.0 tokens/s, Running: 1 reqs, ... Prefix cache hit rate: 88.1%`` and, when it
 drafts, ``SpecDecoding metrics: Mean acceptance length: 5.90, ...``.
-:func:`log_windows` summarises those windows as seed 002 did: median, Tukey IQR
+:func:`log_windows` summarises those windows as the RTX PRO 6000 field report did: median, Tukey IQR
 and peak of decode throughput (all non-idle windows, and the windows with one
 running request), peak prompt throughput, prefix-cache hit rate, KV usage, and
 acceptance length / draft acceptance / per-position acceptance. The line parsers
@@ -398,7 +398,7 @@ def _spread(values: list[float]) -> dict[str, Any] | None:
 
 
 def log_windows(text: str | Iterable[str]) -> dict[str, Any]:
-    """Seed 002's window summary of vLLM's periodic stats and speculative-decoding lines.
+    """The RTX PRO 6000 field report's window summary of vLLM's periodic stats and speculative-decoding lines.
 
     ``series`` keeps each stats window (seconds since the first stamped one,
     decode and prompt tok/s, running requests) for plots.

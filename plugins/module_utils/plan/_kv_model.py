@@ -331,7 +331,7 @@ def scheduled_tokens(
     """Tokens the scheduler may schedule per step.
 
     With parallel drafting vLLM reserves ``K - 1`` extra slots per sequence
-    (seed 002: 8192 - 4 * 2 = 8184 with K = 5 and two sequences).
+    (the RTX PRO 6000 field report: 8192 - 4 * 2 = 8184 with K = 5 and two sequences).
     """
     if not parallel_drafting or speculative_tokens <= 1:
         return max_num_batched_tokens

@@ -3,7 +3,7 @@
 """Parse the kernel's memory-pressure evidence: meminfo, PSI, limits, loadavg,
 per-process status, cgroup limits, and rank other users' processes by RSS.
 
-Seed 000 §3.3: the worker had ~20 GiB less free memory than the head because a
+The two-Spark field report: the worker had ~20 GiB less free memory than the head because a
 second user's processes held 17.56 GB RSS with swap at 13-14 of 15 GB.  These
 functions turn that situation into numbers a guard can compare.
 """
@@ -205,7 +205,7 @@ def other_users_processes(
     ``processes`` items carry ``pid``, ``uid``, ``user``, ``name``, ``rss_kib``
     (and optionally ``cmdline``).  System accounts (uid < ``min_uid``) and
     ``own_uids`` are not "other users".  Nothing here signals a process: the
-    memory is reported, never reclaimed (seed 000 §3.3).
+    memory is reported, never reclaimed (the two-Spark field report).
     """
     others = [
         proc

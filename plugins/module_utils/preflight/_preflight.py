@@ -10,12 +10,12 @@ about a node that did not answer. The role calls them through the filters in
 
 Finding ids (one finding type, :mod:`._findings`):
 
-- ``F4`` (a weaker rank OOMs at start, seed 000 §3.3): free memory below
+- ``F4`` (a weaker rank OOMs at start, the two-Spark field report): free memory below
   ``preflight_min_free_memory_gib``, swap above ``preflight_max_swap_used_percent``,
   memory pressure above ``preflight_max_psi_some_avg10``.
 - ``F13`` (orphan offload files fill ``/dev/shm``): ``/dev/shm`` below
   ``preflight_min_shm_free_gib``.
-- ``F5`` (a saturated node mistaken for an unreachable one, seed 000 §3.3.1):
+- ``F5`` (a saturated node mistaken for an unreachable one, the two-Spark field report):
   load per CPU above ``preflight_max_load_per_cpu`` on a node that answered, and
   a silent node judged SATURATED from outside evidence.
 - ``unreachable``: a silent node where nothing answers (or SSH refuses).

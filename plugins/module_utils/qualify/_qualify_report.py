@@ -6,7 +6,7 @@
 snapshots) and its periodic log lines into one report: ``checks`` (one entry
 per check), ``figures`` (what was measured, comparable run to run), achieved /
 expected for every figure the recipe declares (``expected:``), and the
-``verdict``: ``promote`` or ``challenger`` with the reasons (seed 004):
+``verdict``: ``promote`` or ``challenger`` with the reasons (the offload qualification report):
 
 - every check passed or was not meaningful (with why);
 - every declared expectation is met;

@@ -3,7 +3,7 @@
 """Admission at start (F4): has this rank, right now, the memory the plan needs?
 
 Preflight measures memory minutes or hours before a start; a second tenant can
-take it in between (seed 000 §3.3: another user's 17.56 GB on the worker) and
+take it in between (the two-Spark field report: another user's 17.56 GB on the worker) and
 the rank then OOMs, or on GB10 unified memory freezes the host. This check runs
 immediately before the engine starts, on every rank, as the serving unit's
 ``ExecStartPre``, and refuses the start when

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The reconciled serving state of one node and how to compare it with the inventory.
 
-Seed 000 §3.6: a start that reads a reconciled registry instead of the edited
+The two-Spark field report: a start that reads a reconciled registry instead of the edited
 source silently replays old settings.  The collection therefore writes one
 document per node (``/etc/localinference/serving.json``) holding the recipe,
 its hash and the checksums of the unit files, and refuses to start unless that
