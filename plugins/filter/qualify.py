@@ -4,10 +4,15 @@
 
 - ``qualify_check_params``: the per-check parameters that measure a recipe's ``expected:``
   figures at their conditions (``_qualify_expected.check_params``).
+- ``qualify_other_hold``: whether the watchdog's hold file (a ``slurp`` result) holds another
+  holder's hold that has not run out at ``now`` (``watchdog/_hold``): the qualification then
+  neither writes its own nor releases it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -15,6 +20,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.qualify._quali
     ExpectedError,
     check_params,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog import _hold as hold_file
 
 
 def qualify_check_params(
@@ -26,6 +32,17 @@ def qualify_check_params(
         raise AnsibleFilterError(f"qualify_expected: {exc}") from None
 
 
+def qualify_other_hold(slurped: Any, now: Any) -> bool:
+    if not isinstance(slurped, dict) or not isinstance(slurped.get("content"), str):
+        return False  # no file (slurp failed), or the task was skipped
+    try:
+        text = base64.b64decode(slurped["content"], validate=True)[:64].decode("utf-8", "replace")
+        hold = hold_file.active(text, float(now))
+    except (binascii.Error, ValueError, TypeError) as exc:
+        raise AnsibleFilterError(f"qualify_other_hold: {exc}") from None
+    return hold is not None and hold[1] != hold_file.QUALIFY
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"qualify_check_params": qualify_check_params}
+        return {"qualify_check_params": qualify_check_params, "qualify_other_hold": qualify_other_hold}

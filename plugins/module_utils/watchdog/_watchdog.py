@@ -40,6 +40,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._token_p
     get,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog import (
+    _hold as hold_file,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog import (
     _incidents as incidents,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog_config import (
@@ -177,16 +180,17 @@ class Watchdog:
     def held(self) -> str | None:
         """Why the watchdog must not act now (a rollout or a qualification holds the cluster), or None.
 
-        The hold file holds a deadline (epoch seconds) and, after it, who holds (``qualify``).
+        The hold file holds a deadline (epoch seconds) and, after it, who holds (``_hold``).
         """
         try:
-            deadline, _, holder = read_text(self.cfg["hold_path"], 64).strip().partition(" ")
-            until = float(deadline or 0)
+            text = read_text(self.cfg["hold_path"], 64)
         except (OSError, ValueError):
             return None
-        holder = "a qualification" if holder.strip() == "qualify" else "a rollout"
-        return f"{holder} holds the cluster until {time.strftime('%H:%M:%S', time.localtime(until))}" \
-            if until > time.time() else None
+        hold = hold_file.active(text, time.time())
+        if hold is None:
+            return None
+        holder = "a qualification" if hold[1] == hold_file.QUALIFY else "a rollout"
+        return f"{holder} holds the cluster until {time.strftime('%H:%M:%S', time.localtime(hold[0]))}"
 
     def restart_engine(self, look: dict[str, Any]) -> tuple[bool, str]:
         """The rollout's order (``_restart.restart_plan``), then a streamed token through the ingress."""

@@ -5,6 +5,8 @@ unknown key as a filter error naming qualify_expected and expected.<key>."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.filter.qualify import FilterModule
@@ -27,3 +29,21 @@ def test_an_unknown_key_is_a_filter_error_naming_it():
         AnsibleFilterError, match=r"^qualify_expected: expected\.ttft is not a figure"
     ):
         CHECK_PARAMS({"ttft": {"value": 3}}, 8192, {}, {})
+
+
+@pytest.mark.parametrize(
+    ("slurped", "other"),
+    [
+        ({"content": base64.b64encode(b"2000 \n").decode()}, True),  # a rollout's, not run out
+        ({"content": base64.b64encode(b"2000\n").decode()}, True),
+        ({"content": base64.b64encode(b"500\n").decode()}, False),  # run out
+        ({"content": base64.b64encode(b"2000 qualify\n").decode()}, False),  # our own, left behind
+        ({"content": base64.b64encode(b"not a deadline").decode()}, False),
+        ({"failed": True, "msg": "file not found"}, False),
+        ({"skipped": True}, False),
+        (None, False),
+    ],
+)
+def test_qualify_other_hold(slurped, other):
+    """The qualification leaves a rollout's hold alone (neither overwrites nor releases it)."""
+    assert FilterModule().filters()["qualify_other_hold"](slurped, 1000.0) is other
