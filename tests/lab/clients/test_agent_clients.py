@@ -71,28 +71,38 @@ def _env(client: str, scratch: Path) -> dict[str, str]:
 
 def _claude_code(stdout: str) -> dict[str, Any]:
     result = json.loads(stdout.strip().splitlines()[-1])
-    return {"ok": result.get("is_error") is False and result.get("subtype") == "success",
-            "text": result.get("result") or "", "turns": result.get("num_turns"),
-            "window": (result.get("modelUsage") or {}).get(next(iter(result.get("modelUsage") or {"": 0})),
-                                                            {}).get("contextWindow")}  # fmt: skip
+    usage = list((result.get("modelUsage") or {}).values())
+    return {
+        "ok": result.get("is_error") is False and result.get("subtype") == "success",
+        "text": result.get("result") or "",
+        "turns": result.get("num_turns"),
+        "window": usage[0].get("contextWindow") if len(usage) == 1 else None,
+    }
 
 
 def _codex(stdout: str) -> dict[str, Any]:
     events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     items = [e["item"] for e in events if e.get("type") == "item.completed"]
-    text = "".join(i.get("text", "") for i in items if i.get("type") == "agent_message")
     failed = [e for e in events if e.get("type") in ("turn.failed", "error")]
-    return {"ok": not failed and any(e.get("type") == "turn.completed" for e in events),
-            "text": text, "turns": None, "window": None, "events": events}  # fmt: skip
+    return {
+        "ok": not failed and any(e.get("type") == "turn.completed" for e in events),
+        "text": "".join(i.get("text", "") for i in items if i.get("type") == "agent_message"),
+        "turns": None,
+        "window": None,
+    }
 
 
 def _qwen_code(stdout: str) -> dict[str, Any]:
     document = json.loads(stdout[stdout.index("["):])
     result = next(e for e in document if e.get("type") == "result")
-    tools = (result.get("stats") or {}).get("tools") or {}
-    return {"ok": result.get("is_error") is False, "text": result.get("result") or "",
-            "turns": result.get("num_turns"), "window": None,
-            "tool_calls": {name: v.get("count") for name, v in (tools.get("byName") or {}).items()}}  # fmt: skip
+    tools = ((result.get("stats") or {}).get("tools") or {}).get("byName") or {}
+    return {
+        "ok": result.get("is_error") is False,
+        "text": result.get("result") or "",
+        "turns": result.get("num_turns"),
+        "window": None,
+        "tool_calls": {name: value.get("count") for name, value in tools.items()},
+    }
 
 
 COMMANDS = {
@@ -108,9 +118,14 @@ def test_the_real_client_completes_a_turn_through_its_generated_config(rendered,
     work.mkdir()
     since = exec_on(HEAD, "date", "+%s").stdout.strip()
     argv, parse = COMMANDS[client]
-    done = run(["timeout", "--kill-after=10", str(RUN_TIMEOUT), CLI[client], *argv],
-               env=_env(client, tmp_path), cwd=work, timeout=RUN_TIMEOUT + 60, check=False,
-               input="")  # fmt: skip
+    done = run(
+        ["timeout", "--kill-after=10", str(RUN_TIMEOUT), CLI[client], *argv],
+        env=_env(client, tmp_path),
+        cwd=work,
+        timeout=RUN_TIMEOUT + 60,
+        check=False,
+        input="",
+    )
     shown = f"rc={done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-1500:]}"
     assert done.returncode == 0, shown
     turn = parse(done.stdout)
