@@ -9,6 +9,8 @@ module_utils/client/_clients.py.
   fails with every refused client's numbers at once, before the role writes any file.
 - ``agent_client_env_text``: one client's env file (its variables and the key's line).
 - ``agent_clients_summary``: what agent_client_result says of each (paths, budget; no config text).
+- ``agent_client_files``: every other client's config and env file under ``agent_client_dir``, which
+  the stage's shortcut watches (a config edited in place makes the stage write it again).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.module_utils.client._clients import (
+    CONFIG_FILES,
+    ENV_FILE,
     OPENCODE,
     ClientConfigError,
     check_clients,
@@ -91,6 +95,14 @@ def agent_client_env_text(rendered: dict[str, Any], key: str | None = None) -> s
     return env_text(rendered, key or None)
 
 
+def agent_client_files(clients: Any, client_dir: Any) -> list[str]:
+    names = [c for c in clients if c in CONFIG_FILES] if isinstance(clients, list) else []
+    if names and (not isinstance(client_dir, str) or not client_dir.startswith("/")):
+        raise AnsibleFilterError(f"agent_client_dir must be an absolute path, got {client_dir!r}")
+    base = client_dir.rstrip("/")
+    return [f"{base}/{name}/{file}" for name in names for file in (CONFIG_FILES[name], ENV_FILE)]
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -98,4 +110,5 @@ class FilterModule:
             "agent_clients_render": agent_clients_render,
             "agent_client_env_text": agent_client_env_text,
             "agent_clients_summary": agent_clients_summary,
+            "agent_client_files": agent_client_files,
         }

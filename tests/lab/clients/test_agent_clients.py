@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from lab.harness import HEAD, LAB_DIR, VLLM_UNIT, exec_on, read_json, run, run_playbook
+from lab.harness import HEAD, LAB_DIR, VLLM_UNIT, api_key, exec_on, read_json, run, run_playbook
 from lab.tiny_model import ANSWER, REASONING_ANSWER, REASONING_TOOL, TOOL_NAME
 
 pytestmark = pytest.mark.lab
@@ -168,3 +168,32 @@ def test_the_doctor_names_a_wrong_limit_planted_in_a_clients_config(rendered):
     assert str(path) in flat, flat[-3000:]
     healthy = run_playbook("doctor.yml", timeout=600)
     assert healthy.rc == 0 and "qwen_code" not in healthy.stdout, healthy.tail()
+
+
+def test_a_users_codex_config_is_merged_and_check_diff_shows_only_the_collections_keys(rendered):
+    """A config the user already had keeps their keys; ``--check --diff`` shows the change, writes nothing."""
+    path = CLIENTS_DIR / "codex" / "config.toml"
+    before = path.read_text()
+    users = before.replace('model_context_window = ', 'model_context_window = 1').replace(
+        "[model_providers.", '[profiles.mine]\nmodel = "someone-elses"\n\n[model_providers.', 1
+    )
+    assert users != before
+    try:
+        path.write_text(users)
+        clients = {"agent_client_clients": ["opencode", *CLI]}
+        check = run_playbook("client.yml", "--check", "--diff", extra_vars=clients, timeout=900)
+        assert check.rc == 0, check.tail()
+        assert path.read_text() == users, "--check wrote the config"
+        shown = check.stdout
+        # The window written back, the user's profile kept (no removed line but the window).
+        assert f"+model_context_window = {rendered['max_model_len']}" in shown, check.tail()
+        removed = [line for line in shown.splitlines() if line.startswith("-") and "=" in line]
+        assert [line for line in removed if "profiles" in line or "someone-elses" in line] == [], removed
+        assert api_key() not in shown + check.stderr, "the key in the diff"
+        done = run_playbook("client.yml", extra_vars=clients, timeout=900)
+        assert done.rc == 0, done.tail()
+        after = path.read_text()
+        assert '[profiles.mine]' in after and 'model = "someone-elses"' in after, after
+        assert f"model_context_window = {rendered['max_model_len']}\n" in after, after
+    finally:
+        path.write_text(before)
