@@ -18,8 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.localinference.vllm.plugins.module_utils.client._client_check import (
+    config_paths,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.client._clients import (
-    CONFIG_FILES,
     ENV_FILE,
     OPENCODE,
     ClientConfigError,
@@ -96,11 +98,11 @@ def agent_client_env_text(rendered: dict[str, Any], key: str | None = None) -> s
 
 
 def agent_client_files(clients: Any, client_dir: Any) -> list[str]:
-    names = [c for c in clients if c in CONFIG_FILES] if isinstance(clients, list) else []
-    if names and (not isinstance(client_dir, str) or not client_dir.startswith("/")):
-        raise AnsibleFilterError(f"agent_client_dir must be an absolute path, got {client_dir!r}")
-    base = client_dir.rstrip("/")
-    return [f"{base}/{name}/{file}" for name in names for file in (CONFIG_FILES[name], ENV_FILE)]
+    try:
+        paths = config_paths(None, clients, client_dir)
+    except ClientConfigError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+    return [file for path in paths.values() for file in (path, f"{path.rsplit('/', 1)[0]}/{ENV_FILE}")]
 
 
 class FilterModule:

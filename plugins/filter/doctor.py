@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible.errors import AnsibleFilterError
+from ansible_collections.localinference.vllm.plugins.module_utils.client._clients import (
+    ClientConfigError,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor import (
     client_paths,
     judge,
@@ -37,7 +41,10 @@ def doctor_probe_urls(evidence: Any) -> list[str]:
 
 
 def doctor_client_paths(evidence: Any, clients: Any = None, client_dir: Any = "") -> dict[str, str]:
-    return client_paths(evidence, clients, client_dir)
+    try:
+        return client_paths(evidence, clients, client_dir)
+    except ClientConfigError as exc:
+        raise AnsibleFilterError(str(exc)) from None
 
 
 def doctor_probe_ca(evidence: Any) -> str:

@@ -275,15 +275,24 @@ def judge_clients(
     return found
 
 
-def config_paths(saved_clients: Any, clients: Any, client_dir: Any) -> dict[str, str]:
+def config_paths(
+    saved_clients: Any, clients: Any, client_dir: Any, name: str = "agent_client_dir"
+) -> dict[str, str]:
     """Where each other client's config is on the controller: the path the client stage recorded
-    (client.json ``clients``), else ``client_dir/<client>/<file>`` for a client of ``clients``."""
+    (client.json ``clients``), else ``client_dir/<client>/<file>`` for a client of ``clients``.
+
+    ``client_dir`` (the option ``name``) is empty for none, else an absolute path without white space.
+    """
     paths: dict[str, str] = {}
-    names = [c for c in clients if isinstance(c, str)] if isinstance(clients, list) else []
-    if isinstance(client_dir, str) and client_dir.startswith("/"):
-        for name in names:
-            if name in CONFIG_FILES:
-                paths[name] = f"{client_dir.rstrip('/')}/{name}/{CONFIG_FILES[name]}"
+    names = [c for c in clients if isinstance(c, str) and c in CONFIG_FILES] if isinstance(clients, list) else []
+    if names and client_dir != "" and not (
+        isinstance(client_dir, str) and client_dir.startswith("/") and not any(c.isspace() for c in client_dir)
+    ):
+        raise ClientConfigError(
+            f"{name} must be an absolute path without white space (empty for none), got {str(client_dir)[:120]!r}"
+        )
+    for client in names if client_dir else []:
+        paths[client] = f"{client_dir.rstrip('/')}/{client}/{CONFIG_FILES[client]}"
     for entry in saved_clients if isinstance(saved_clients, list) else []:
         if isinstance(entry, dict) and entry.get("client") in CONFIG_FILES:
             path = entry.get("config_path")

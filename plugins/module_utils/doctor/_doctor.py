@@ -621,9 +621,9 @@ def probe_urls(evidence: Any) -> list[str]:
 def client_paths(evidence: Any, clients: Any = None, client_dir: Any = "") -> dict[str, str]:
     """Where the other clients' configs are on the controller, to read before judging: the paths
     the head's saved client result records, else ``client_dir/<client>/<file>`` for each client
-    of ``clients`` (the inventory's agent_client_clients)."""
+    of ``clients`` (the inventory's agent_client_clients); ``client_dir`` is ``doctor_client_dir``."""
     saved = Doctor(evidence).saved("client") or {}
-    return config_paths(saved.get("clients"), clients, client_dir)
+    return config_paths(saved.get("clients"), clients, client_dir, "doctor_client_dir")
 
 
 def probe_ca(evidence: Any) -> str:

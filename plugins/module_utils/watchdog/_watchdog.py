@@ -13,6 +13,7 @@ The role ``watchdog`` installs this file, embedded with its imports, as
 from __future__ import annotations
 
 import argparse
+import functools
 import http.server
 import json
 import os
@@ -140,13 +141,12 @@ class Watchdog:
         A timeout (a wedge) or an HTTP status (401, a 502 naming the unit) is never asked again.
         """
         ingress = self.cfg["ingress"]
-        token = first_token(ingress["base_url"], ingress["model"], key,
-                            self.cfg["token_deadline_s"], ingress.get("ca_file"))
+        probe = functools.partial(first_token, ingress["base_url"], ingress["model"], key,
+                                  self.cfg["token_deadline_s"], ingress.get("ca_file"))
+        token = probe()
         if closed_early(token):
             time.sleep(REASK_PAUSE_S)
-            token = {**first_token(ingress["base_url"], ingress["model"], key,
-                                   self.cfg["token_deadline_s"], ingress.get("ca_file")),
-                     "asked_again": str(token["error"])[:160]}
+            token = {**probe(), "asked_again": str(token["error"])[:160]}
         return token
 
     def look(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.filter.clients import agent_clients_summary
 from ansible_collections.localinference.vllm.plugins.filter.doctor import (
     doctor_client_paths,
@@ -350,3 +351,10 @@ def test_the_playbook_filter_finds_the_saved_paths():
         r: RENDERED[r]["config_path"] for r in OTHERS
     }
     assert doctor_client_paths(None) == {}
+
+
+@pytest.mark.parametrize("directory", ["clients", "~/clients", "/home/u/my clients", 5])
+def test_the_playbook_filter_refuses_a_client_dir_that_is_no_absolute_path(directory):
+    """doctor_client_dir named, never silently ignored (an unexpanded ~ included)."""
+    with pytest.raises(AnsibleFilterError, match="doctor_client_dir must be an absolute path"):
+        doctor_client_paths(evidence({}), ["opencode", "codex"], directory)
