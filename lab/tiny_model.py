@@ -7,7 +7,12 @@ A Llama (hidden 128, 2 layers, head_dim 32 - CPU attention needs head sizes of
 a script (issue 11): with no tools offered, or once a tool result is in the
 conversation, it reasons briefly, closes ``</think>`` and answers
 ``Hello from the scripted lab model.``; with tools offered and no result yet it
-reasons and calls one tool (``read`` of ``.``) in the DeepSeek-V3 format.
+reasons and calls one read-only tool the client offers (issue 29), in the
+DeepSeek-V3 format: opencode's ``read`` of ``.``, Claude Code's ``Read`` of
+/etc/os-release, Codex's ``exec_command`` of ``pwd``, Qwen Code's ``glob`` of
+``*``. The chat template marks the first of those names among the offered tools
+with a marker token of its own; the weights read the marker. Tools offered
+without any of those names: it answers.
 Greedy and temperature-1 sampling give the same tokens (logit margin >= 25).
 The tokenizer is a byte-level BPE trained with ``tokenizers`` on the licence
 texts every Debian system ships (/usr/share/common-licenses, package
@@ -62,20 +67,44 @@ TOOL_TOKENS = (
 SPECIAL_TOKENS = (BOS, EOS, PAD)
 ADDED_TOKENS = (USER, ASSISTANT, THINK_START, THINK_END, *TOOL_TOKENS)
 
-# The script (issue 11). The tool is one the real opencode client offers and
-# runs without network or ripgrep (opencode 1.18.33's ``read`` of a directory
+# The script (issue 11). opencode's tool is one the real opencode client offers
+# and runs without network or ripgrep (opencode 1.18.33's ``read`` of a directory
 # lists at most ``limit`` entries of it; its ``glob`` needs ripgrep);
-# qualification checks declare a tool of the same name.
-TOOL_NAME = "read"
-TOOL_ARGUMENTS = '{"filePath": ".", "limit": 50}'
+# qualification checks declare a tool of the same name. The other clients' tools
+# (issue 29) are read-only tools each offers in its first request, as captured
+# from Claude Code 2.1.328 (``Read``: ``file_path`` must be absolute), Codex
+# 0.169.0 (``exec_command``, run in its sandbox) and Qwen Code 0.24.4 (``glob``,
+# ``path`` resolved against its working directory). The first name of this
+# table among the offered tools wins (opencode also offers a ``glob``).
+LAB_TOOLS = (  # (path, tool name, arguments, marker token)
+    ("tool", "read", '{"filePath": ".", "limit": 50}', "<｜lab▁tool▁read｜>"),
+    ("tool-claude_code", "Read", '{"file_path": "/etc/os-release", "limit": 20}', "<｜lab▁tool▁Read｜>"),
+    ("tool-codex", "exec_command", '{"cmd": "pwd", "login": false}', "<｜lab▁tool▁exec｜>"),
+    ("tool-qwen_code", "glob", '{"pattern": "*", "path": "."}', "<｜lab▁tool▁glob｜>"),
+)  # fmt: skip
+TOOL_PATHS = tuple(path for path, *_ in LAB_TOOLS)
+TOOL_MARKERS = tuple(marker for *_, marker in LAB_TOOLS)
+TOOL_NAME = LAB_TOOLS[0][1]  # opencode's, as before issue 29
+TOOL_ARGUMENTS = LAB_TOOLS[0][2]
 REASONING_ANSWER = "The scripted lab model has what it needs and answers now."
 REASONING_TOOL = "The scripted lab model reads the working directory first."
 ANSWER = "Hello from the scripted lab model."
-_SPLIT = TOOL_ARGUMENTS.index(": ") + 2  # '{"filePath": ' | '".", "limit":' | ' 50}'
-_SPLIT_END = TOOL_ARGUMENTS.rindex(": ") + 1
-TOOL_CALL_HEAD = TOOL_NAME + "\n```json\n" + TOOL_ARGUMENTS[:_SPLIT]
-TOOL_CALL_TAIL = TOOL_ARGUMENTS[_SPLIT:_SPLIT_END]
-TOOL_CALL_END = TOOL_ARGUMENTS[_SPLIT_END:] + "\n```" + TOOL_TOKENS[3]
+
+
+def call_pieces(name: str, arguments: str) -> tuple[str, str, str]:
+    """HEAD, TAIL, END of one call of two keys (see below): HEAD ends the name
+    line and the first key, TAIL runs to the second key's ':', END closes."""
+    split = arguments.index(": ") + 2  # '{"filePath": ' | '".", "limit":' | ' 50}'
+    split_end = arguments.rindex(": ") + 1
+    return (
+        name + "\n```json\n" + arguments[:split],
+        arguments[split:split_end],
+        arguments[split_end:] + "\n```" + TOOL_TOKENS[3],
+    )
+
+
+CALLS = {path: call_pieces(name, arguments) for path, name, arguments, _ in LAB_TOOLS}
+TOOL_CALL_HEAD, TOOL_CALL_TAIL, TOOL_CALL_END = CALLS["tool"]
 # Appended after every existing token (ids unchanged). No ordinary text
 # contains them, so prompts tokenize exactly as before; each piece of the call
 # holds a space that a client sending the call back drops (opencode sends
@@ -94,18 +123,27 @@ TOOL_CALL_END = TOOL_ARGUMENTS[_SPLIT_END:] + "\n```" + TOOL_TOKENS[3]
 SCRIPT_TOKENS = (
     REASONING_ANSWER, REASONING_TOOL, ANSWER, TOOL_CALL_HEAD, TOOL_CALL_TAIL, TOOL_CALL_END,
 )  # fmt: skip
+# Appended after SCRIPT_TOKENS (issue 29), so that no earlier id moves: the
+# markers (in prompts only) and the other clients' call pieces.
+CLIENT_TOKENS = (*TOOL_MARKERS, *(piece for path in TOOL_PATHS[1:] for piece in CALLS[path]))
 TOOL_CALL_TYPE = "function"  # BPE pieces of the existing vocabulary
-TOOL_CALL_TEXT = (
-    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>" + TOOL_CALL_TYPE + "<｜tool▁sep｜>"
-    + TOOL_CALL_HEAD + TOOL_CALL_TAIL + TOOL_CALL_END + "<｜tool▁calls▁end｜>"
-)  # fmt: skip
+
+
+def tool_call_text(path: str) -> str:
+    return (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>" + TOOL_CALL_TYPE + "<｜tool▁sep｜>"
+        + "".join(CALLS[path]) + "<｜tool▁calls▁end｜>"
+    )  # fmt: skip
+
+
+TOOL_CALL_TEXT = tool_call_text("tool")
 # What the model writes after the generation prompt (`<｜Assistant｜><think>\n`),
-# EOS not included: "answer" without tools or once a tool result is present
-# (`<｜tool▁outputs▁begin｜>` in the context), "tool" otherwise when the
-# template wrote the tools section (it contains `<｜tool▁calls▁begin｜>`).
+# EOS not included: "answer" without tools, without a known tool, or once a tool
+# result is present (`<｜tool▁outputs▁begin｜>` in the context); a tool path
+# otherwise, after the marker the template wrote for that tool.
 EXPECTED_TEXT = {
     "answer": REASONING_ANSWER + THINK_END + ANSWER,
-    "tool": REASONING_TOOL + THINK_END + TOOL_CALL_TEXT,
+    **{path: REASONING_TOOL + THINK_END + tool_call_text(path) for path in TOOL_PATHS},
 }
 ROPE_THETA = 1e12  # the slowest rotary pair turns < 1e-6 rad over 131072 positions
 
@@ -124,6 +162,13 @@ CHAT_TEMPLATE = (
     "<｜tool▁sep｜>NAME\\n```json\\nARGUMENTS\\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>.\\n' -}}"
     "{%- for tool in tools -%}{{- (tool['function'] if 'function' in tool else tool) | tojson -}}"
     "{{- '\\n' -}}{%- endfor -%}"
+    "{%- set names = namespace(pick='') -%}"
+    + "".join(
+        "{%- for tool in tools if not names.pick and (tool['function'] if 'function' in tool else tool)"
+        f".get('name') == '{name}' -%}}{{%- set names.pick = '{marker}' -%}}{{%- endfor -%}}"
+        for _, name, _, marker in LAB_TOOLS
+    )
+    + "{{- names.pick -}}"
     "{%- endif -%}"
     "{%- for m in messages -%}"
     "{%- if m['role'] == 'user' -%}"
@@ -193,6 +238,7 @@ def build_tokenizer(files: list[Path]):
     tok.train([str(p) for p in files], trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in SCRIPT_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in CLIENT_TOKENS])
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -217,13 +263,12 @@ def script_chains(tokenizer) -> dict[str, list[int]]:
 
     call_type = tokenizer.encode(TOOL_CALL_TYPE, add_special_tokens=False)
     tools = [one(t) for t in TOOL_TOKENS[:5]]  # calls begin/end, call begin/end, sep
-    chains = {
-        "answer": [one(REASONING_ANSWER), one(THINK_END), one(ANSWER)],
-        "tool": [
+    chains = {"answer": [one(REASONING_ANSWER), one(THINK_END), one(ANSWER)]}
+    for path in TOOL_PATHS:
+        chains[path] = [
             one(REASONING_TOOL), one(THINK_END), tools[0], tools[2], *call_type, tools[4],
-            one(TOOL_CALL_HEAD), one(TOOL_CALL_TAIL), one(TOOL_CALL_END), tools[1],
-        ],
-    }  # fmt: skip
+            *(one(piece) for piece in CALLS[path]), tools[1],
+        ]  # fmt: skip
     for name, chain in chains.items():
         # the next token is a function of the last one (and the path): no repeats
         if len(set(chain)) != len(chain):
@@ -233,54 +278,59 @@ def script_chains(tokenizer) -> dict[str, list[int]]:
 
 
 # Residual stream layout (hidden 128). Every token embeds as CONST plus exactly
-# one of FILLER / TOOL_OUTPUTS / its script one-hot, so RMSNorm sees the same
-# norm everywhere; layer 1's attention adds one of TOOLS_ON/OFF and one of
-# RESULT_ON/OFF.
+# one of FILLER / TOOL_OUTPUTS / a tool marker / its script one-hot, so RMSNorm
+# sees the same norm everywhere; layer 1's attention adds one of TOOLS_OFF and
+# the TOOLS_ON of each marker, and one of RESULT_ON/OFF.
 D_CONST, D_FILLER, D_TOOL_OUTPUTS = 0, 1, 2
-D_TOOLS_ON, D_TOOLS_OFF, D_RESULT_ON, D_RESULT_OFF = 3, 4, 5, 6
-D_SCRIPT = 8  # one-hot of each script token as the last token (up to 56)
+D_MARKER = 3  # one dim per tool marker (4)
+D_TOOLS_OFF, D_RESULT_ON, D_RESULT_OFF = 7, 8, 9
+D_TOOLS_ON = 10  # one dim per tool marker (4)
+D_SCRIPT = 14  # one-hot of each script token as the last token (up to 50)
 D_NEXT = 64  # one dim per possible next token (up to 64)
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 128, 256, 4, 2, 32
 # Attention score of a marker token (the flag's weight on the rest of the
 # context is below 131072 * e**-40); the MLP's gate margin is +-GATE/2.
 SCORE, GATE, DOWN, LM = 40.0, 20.0, 2.0, 4.0
 ROTARY_FREE = HEAD_DIM // 2 - 1  # dims 15 and 31: the slowest rotary pair
-# The path a context is on, as a partition of the two flags.
+TOOLS_ON = {path: D_TOOLS_ON + i for i, path in enumerate(TOOL_PATHS)}
+# The path a context is on, as a partition of the flags.
 CELLS = {
-    "answer": ((D_TOOLS_OFF,), (D_TOOLS_ON, D_RESULT_ON)),
-    "tool": ((D_TOOLS_ON, D_RESULT_OFF),),
+    "answer": ((D_TOOLS_OFF,), *((on, D_RESULT_ON) for on in TOOLS_ON.values())),
+    **{path: ((on, D_RESULT_OFF),) for path, on in TOOLS_ON.items()},
 }
 
 
 def scripted_weights(tokenizer, vocab_size: int, chains: dict[str, list[int]]) -> dict:
     """The state dict: layer 0 does nothing, layer 1 does everything.
 
-    Layer 1 attention: head 0 (KV head 0) attends only to
-    `<｜tool▁calls▁begin｜>`, head 2 (KV head 1) only to
-    `<｜tool▁outputs▁begin｜>` (query constant, key large on the marker, in the
-    rotary pair that does not turn), so the value they read says "present" or,
-    attending uniformly to ordinary tokens, "absent". The MLP's neurons are
+    Layer 1 attention: head 0 (KV head 0) attends only to the tool markers,
+    head 2 (KV head 1) only to `<｜tool▁outputs▁begin｜>` (query constant, key
+    large on a marker, in the rotary pair that does not turn), so the value
+    they read says which marker is present or, attending uniformly to ordinary
+    tokens, "absent". The MLP's neurons are
     ANDs (last token, path cell) -> next token; lm_head reads the winner.
     Layer 0 is left empty so the lab's sliding-window variant (layer 0 with a
     512-token window, benchmarks/kv_calibration.py) says the same.
     """
     import torch
 
-    marker_calls = tokenizer.convert_tokens_to_ids(TOOL_TOKENS[0])
+    markers = [tokenizer.convert_tokens_to_ids(m) for m in TOOL_MARKERS]
     marker_outputs = tokenizer.convert_tokens_to_ids(TOOL_TOKENS[5])
     last_tokens = sorted({t for chain in chains.values() for t in chain[:-1]})
     next_tokens = sorted({t for chain in chains.values() for t in chain})
     if len(last_tokens) > D_NEXT - D_SCRIPT or len(next_tokens) > HIDDEN - D_NEXT:
         raise SystemExit("tiny_model: the script is too long for the hidden size")
-    if marker_outputs in last_tokens:
-        raise SystemExit("tiny_model: the script may not emit <｜tool▁outputs▁begin｜>")
+    if {marker_outputs, *markers} & set(last_tokens):
+        raise SystemExit("tiny_model: the script may not emit a marker token")
     script_dim = {t: D_SCRIPT + i for i, t in enumerate(last_tokens)}
     next_dim = {t: D_NEXT + i for i, t in enumerate(next_tokens)}
 
     embed = torch.zeros(vocab_size, HIDDEN)
     embed[:, D_CONST] = 1.0
     embed[:, D_FILLER] = 1.0
-    for token, dim in [*script_dim.items(), (marker_outputs, D_TOOL_OUTPUTS)]:
+    marker_dims = [D_MARKER + i for i in range(len(markers))]
+    embedded = [*script_dim.items(), (marker_outputs, D_TOOL_OUTPUTS), *zip(markers, marker_dims, strict=True)]
+    for token, dim in embedded:
         embed[token, D_FILLER] = 0.0
         embed[token, dim] = 1.0
 
@@ -292,20 +342,23 @@ def scripted_weights(tokenizer, vocab_size: int, chains: dict[str, list[int]]) -
     v = torch.zeros(KV_HEADS * HEAD_DIM, HIDDEN)
     o = torch.zeros(HIDDEN, HEADS * HEAD_DIM)
     groups = HEADS // KV_HEADS
+    # (marker dims, the flag each sets; the flag set when none is present)
     detectors = [
-        (script_dim[marker_calls], D_TOOLS_ON, D_TOOLS_OFF),
-        (D_TOOL_OUTPUTS, D_RESULT_ON, D_RESULT_OFF),
+        (list(zip(marker_dims, TOOLS_ON.values(), strict=True)), D_TOOLS_OFF),
+        ([(D_TOOL_OUTPUTS, D_RESULT_ON)], D_RESULT_OFF),
     ]
-    for kv_head, (marker_dim, on, off) in enumerate(detectors):
+    for kv_head, (present, off) in enumerate(detectors):
         head = kv_head * groups  # the other query head of the group stays zero
         base = kv_head * HEAD_DIM
+        absent = len(present)
         q[head * HEAD_DIM + ROTARY_FREE, D_CONST] = qk
-        k[base + ROTARY_FREE, marker_dim] = qk
-        v[base + 0, marker_dim] = 1.0 / unit_in  # "present": 1 on the marker
-        v[base + 1, D_CONST] = 1.0 / unit_in  # "absent": 1 on every other token
-        v[base + 1, marker_dim] = -1.0 / unit_in
-        o[on, head * HEAD_DIM + 0] = 1.0
-        o[off, head * HEAD_DIM + 1] = 1.0
+        v[base + absent, D_CONST] = 1.0 / unit_in  # "absent": 1 on every other token
+        o[off, head * HEAD_DIM + absent] = 1.0
+        for i, (marker_dim, on) in enumerate(present):
+            k[base + ROTARY_FREE, marker_dim] = qk
+            v[base + i, marker_dim] = 1.0 / unit_in  # "present": 1 on this marker
+            v[base + absent, marker_dim] = -1.0 / unit_in
+            o[on, head * HEAD_DIM + i] = 1.0
 
     # The MLP reads four dims of 1 (const, token, two flags): each normalizes to u.
     unit = (HIDDEN / 4) ** 0.5
@@ -399,6 +452,29 @@ def build_model(tokenizer, out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
+def _tool(name: str) -> dict:
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    return {"type": "function", "function": {"name": name, "description": "A tool.", "parameters": schema}}
+
+
+def _result(path: str, separators: tuple[str, str] | None = (",", ":")) -> list[dict]:
+    """A user turn, the path's call (compact JSON, as opencode sends it back), its result."""
+    _, name, arguments, _ = next(t for t in LAB_TOOLS if t[0] == path)
+    call = {"id": "call_1", "type": "function"}
+    call["function"] = {"name": name, "arguments": json.dumps(json.loads(arguments), separators=separators)}
+    return [
+        {"role": "user", "content": "Say hello."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "README.md\n"},
+    ]
+
+
+# Probe conversations whose prompt may hold call pieces: a client that sends the
+# call back as the model wrote it (JSON with spaces: Codex's Responses API, vLLM's
+# rendering of Claude Code's tool_use input). The pieces are ordinary tokens there.
+SPACED_CASES = ("tool-result-spaced",)
+
+
 def _conversations() -> dict[str, tuple[str, list[dict], list[dict] | None]]:
     """Probe conversations: name -> (expected path, messages, tools)."""
     tool = {
@@ -413,30 +489,35 @@ def _conversations() -> dict[str, tuple[str, list[dict], list[dict] | None]]:
             },
         },
     }
-    call = {"id": "call_1", "type": "function"}
-    call["function"] = {"name": TOOL_NAME, "arguments": json.dumps(json.loads(TOOL_ARGUMENTS))}
-    compact = {**call, "function": {**call["function"]}}
-    compact["function"]["arguments"] = json.dumps(json.loads(TOOL_ARGUMENTS), separators=(",", ":"))
     long_system = " ".join(f"Rule {i}: keep the function small and readable." for i in range(400))
     user = {"role": "user", "content": "Say hello."}
-    result = [
-        user,
-        {"role": "assistant", "content": "", "tool_calls": [compact]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "README.md\n"},
-    ]
-    return {
+    system = {"role": "system", "content": "You are a coding agent."}
+    result = _result("tool")
+    cases = {
         "no-tools": ("answer", [user], None),
         "title": (
             "answer",
             [{"role": "system", "content": "You are a title generator."}, user, user],
             None,
         ),
-        "tools": ("tool", [{"role": "system", "content": "You are a coding agent."}, user], [tool]),
+        "tools": ("tool", [system, user], [tool]),
         "tools-long": ("tool", [{"role": "system", "content": long_system}, user], [tool]),
         "no-tools-long": ("answer", [{"role": "system", "content": long_system}, user], None),
         "tool-result": ("answer", result, [tool]),
         "tool-result-no-tools": ("answer", result, None),
+        # tools offered, none the script knows: it answers
+        "tools-unknown": ("answer", [system, user], [_tool("write"), _tool("todo")]),
+        # opencode offers a glob too: read comes first in LAB_TOOLS
+        "tools-opencode-glob": ("tool", [system, user], [_tool("glob"), tool, _tool("bash")]),
     }
+    for path, name, _, _ in LAB_TOOLS[1:]:
+        client = path.removeprefix("tool-")
+        offered = [_tool("Write"), _tool(name), _tool("grep")]
+        cases[f"tools-{client}"] = (path, [system, user], offered)
+        cases[f"tool-result-{client}"] = ("answer", [system, *_result(path)], offered)
+    codex = [_tool("exec_command"), _tool("get_goal")]
+    cases["tool-result-spaced"] = ("answer", [system, *_result("tool-codex", None)], codex)
+    return cases
 
 
 def verify(model_dir: Path, samples: int = 3) -> dict:
@@ -448,7 +529,8 @@ def verify(model_dir: Path, samples: int = 3) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     chains = script_chains(tokenizer)
-    first_script_id = min(tokenizer.convert_tokens_to_ids(list(SCRIPT_TOKENS)))
+    pieces = [*SCRIPT_TOKENS, *CLIENT_TOKENS[len(TOOL_MARKERS):]]
+    script_ids = set(tokenizer.convert_tokens_to_ids(pieces))
     report: dict = {"cases": {}, "failures": []}
     for name, (path, messages, tools) in _conversations().items():
         rendered = tokenizer.apply_chat_template(
@@ -476,7 +558,7 @@ def verify(model_dir: Path, samples: int = 3) -> dict:
             "prompt_tokens": len(prompt),
             "margin": round(margin, 2),
             "text": text,
-            "new_ids_in_prompt": sorted({t for t in prompt if t >= first_script_id}),
+            "new_ids_in_prompt": sorted({t for t in prompt if t in script_ids}),
         }
         report["cases"][name] = case
         problems = []
@@ -488,7 +570,7 @@ def verify(model_dir: Path, samples: int = 3) -> dict:
             problems.append(f"generated {runs} != script {expected}")
         if text != EXPECTED_TEXT[path]:
             problems.append(f"text {text!r} != {EXPECTED_TEXT[path]!r}")
-        if case["new_ids_in_prompt"]:
+        if case["new_ids_in_prompt"] and name not in SPACED_CASES:
             problems.append(f"the prompt uses script tokens {case['new_ids_in_prompt']}")
         report["failures"] += [f"{name}: {p}" for p in problems]
     return report
@@ -524,6 +606,8 @@ def generate(output: Path, corpus_dir: Path) -> dict:
             "script": {
                 "tool_name": TOOL_NAME,
                 "tool_arguments": TOOL_ARGUMENTS,
+                "tools": {path: {"name": name, "arguments": arguments, "marker": marker}
+                          for path, name, arguments, marker in LAB_TOOLS},
                 "expected_text": EXPECTED_TEXT,
                 "token_ids": script_chains(tokenizer),
             },

@@ -41,9 +41,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_model  # after the path insert: run as a script from any directory
 
-# Probe conversations of tiny_model: a tool call, an answer after a tool
-# result with tools offered, an answer without tools.
-CASES = ("tools", "tool-result", "no-tools")
+# Probe conversations of tiny_model: a tool call (opencode's, then each other
+# client's), an answer after a tool result with tools offered, an answer without
+# tools.
+CASES = ("tools", "tools-claude_code", "tools-codex", "tools-qwen_code", "tool-result", "no-tools")
 
 
 def compositions(n: int) -> Iterator[tuple[int, ...]]:
@@ -82,6 +83,8 @@ class Harness:
         # the model's own script (lab-model.json), so an older build is checked as built
         self.script = json.loads((model_dir / "lab-model.json").read_text())["script"]
         self.chains = self.script["token_ids"]
+        opencode = {"name": self.script["tool_name"], "arguments": self.script["tool_arguments"]}
+        self.tools = self.script.get("tools") or {"tool": opencode}
 
     def request(self, messages: list[dict], tools: list[dict] | None):
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -131,9 +134,9 @@ class Harness:
                     got[1] += call.function.arguments or ""
         return {"reasoning": reasoning, "content": content, "calls": list(calls.values())}
 
-    def name_token(self, ids: list[int]) -> int | None:
+    def name_token(self, ids: list[int], name: str) -> int | None:
         """Index of the token that completes ``<｜tool▁sep｜>NAME\\n``."""
-        marker = tiny_model.TOOL_TOKENS[4] + self.script["tool_name"] + "\n"
+        marker = tiny_model.TOOL_TOKENS[4] + name + "\n"
         for index in range(len(ids)):
             if marker in self.text(ids[: index + 1]):
                 return index
@@ -145,13 +148,13 @@ class Harness:
         request, prompt = self.request(messages, tools), self.prompt(messages, tools)
         expected = self.unstreamed(ids, request)
         reasoning, _, content = self.script["expected_text"][path].partition(tiny_model.THINK_END)
-        call = [self.script["tool_name"], self.script["tool_arguments"]]
+        tool = self.tools.get(path)
         script = {
             "reasoning": reasoning,
-            "content": "" if path == "tool" else content,
-            "calls": [call] if path == "tool" else [],
+            "content": "" if tool else content,
+            "calls": [[tool["name"], tool["arguments"]]] if tool else [],
         }
-        name_token = self.name_token(ids) if path == "tool" else None
+        name_token = self.name_token(ids, tool["name"]) if tool else None
         failures, defect, outcomes = [], [], Counter()
         for sizes in compositions(len(ids)):
             got = self.streamed(ids, sizes, request, prompt)
