@@ -8,9 +8,8 @@ a script (issue 11): with no tools offered, or once a tool result is in the
 conversation, it reasons briefly, closes ``</think>`` and answers
 ``Hello from the scripted lab model.``; with tools offered and no result yet it
 reasons and calls one read-only tool the client offers (issue 29), in the
-DeepSeek-V3 format: opencode's ``read`` of ``.``, Claude Code's ``Read`` of
-/etc/os-release, Codex's ``exec_command`` of ``pwd``, Qwen Code's ``glob`` of
-``*``. The chat template marks the first of those names among the offered tools
+DeepSeek-V3 format: opencode's ``read`` of ``.``, Claude Code's ``Bash`` and
+Codex's ``exec_command`` of ``pwd``, Qwen Code's ``glob`` of ``*``. The chat template marks the first of those names among the offered tools
 with a marker token of its own; the weights read the marker. Tools offered
 without any of those names: it answers.
 Greedy and temperature-1 sampling give the same tokens (logit margin >= 25).
@@ -71,14 +70,17 @@ ADDED_TOKENS = (USER, ASSISTANT, THINK_START, THINK_END, *TOOL_TOKENS)
 # and runs without network or ripgrep (opencode 1.18.33's ``read`` of a directory
 # lists at most ``limit`` entries of it; its ``glob`` needs ripgrep);
 # qualification checks declare a tool of the same name. The other clients' tools
-# (issue 29) are read-only tools each offers in its first request, as captured
-# from Claude Code 2.1.328 (``Read``: ``file_path`` must be absolute), Codex
-# 0.169.0 (``exec_command``, run in its sandbox) and Qwen Code 0.24.4 (``glob``,
-# ``path`` resolved against its working directory). The first name of this
-# table among the offered tools wins (opencode also offers a ``glob``).
+# (issue 29) are tools each offers in its first request, called read-only and
+# run without asking, as captured from Claude Code 2.1.328 (``Bash`` of ``pwd``:
+# its ``Read`` asks before reading outside the working directory, whose name
+# the script cannot know), Codex 0.169.0 (``exec_command`` of ``pwd``, in its
+# sandbox) and Qwen Code 0.24.4 (``glob``, ``path`` resolved against its working
+# directory). The first name of this table among the offered tools wins
+# (opencode also offers a ``glob`` and a ``bash``).
 LAB_TOOLS = (  # (path, tool name, arguments, marker token)
     ("tool", "read", '{"filePath": ".", "limit": 50}', "<｜lab▁tool▁read｜>"),
-    ("tool-claude_code", "Read", '{"file_path": "/etc/os-release", "limit": 20}', "<｜lab▁tool▁Read｜>"),
+    ("tool-claude_code", "Bash", '{"command": "pwd", "description": "Print the working directory"}',
+     "<｜lab▁tool▁Bash｜>"),
     ("tool-codex", "exec_command", '{"cmd": "pwd", "login": false}', "<｜lab▁tool▁exec｜>"),
     ("tool-qwen_code", "glob", '{"pattern": "*", "path": "."}', "<｜lab▁tool▁glob｜>"),
 )  # fmt: skip

@@ -87,7 +87,7 @@ CASES = {
 # pinned clients, lab/agent-clients.txt) and the arguments the script calls it with.
 CLIENT_TOOLS = {
     "tool": ("read", {"filePath": ".", "limit": 50}),
-    "tool-claude_code": ("Read", {"file_path": "/etc/os-release", "limit": 20}),
+    "tool-claude_code": ("Bash", {"command": "pwd", "description": "Print the working directory"}),
     "tool-codex": ("exec_command", {"cmd": "pwd", "login": False}),
     "tool-qwen_code": ("glob", {"pattern": "*", "path": "."}),
 }
