@@ -11,6 +11,8 @@ module_utils/client/_clients.py.
 - ``agent_clients_summary``: what agent_client_result says of each (paths, budget; no config text).
 - ``agent_client_files``: every other client's config and env file under ``agent_client_dir``, which
   the stage's shortcut watches (a config edited in place makes the stage write it again).
+- ``agent_client_programs``: every other client's program (``agent_client_programs`` or its name on
+  PATH), which the stage's shortcut also watches (an upgraded client is measured again).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.module_utils.client._client_check import (
     config_paths,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.client._client_floor import (
+    PROGRAMS,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.client._clients import (
     ENV_FILE,
@@ -105,6 +110,24 @@ def agent_client_files(clients: Any, client_dir: Any) -> list[str]:
     return [file for path in paths.values() for file in (path, f"{path.rsplit('/', 1)[0]}/{ENV_FILE}")]
 
 
+def agent_client_programs(clients: Any, programs: Any = None) -> list[str]:
+    """Each other client's program: the path agent_client_programs gives, else its name (on PATH)."""
+    try:
+        names = check_clients(clients)
+    except ClientConfigError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+    programs = {} if programs is None else programs
+    if not isinstance(programs, dict):
+        raise AnsibleFilterError(f"agent_client_programs must be a dict (client: program path), got {programs!r}")
+    unknown = sorted(set(programs) - set(PROGRAMS))
+    if unknown:
+        raise AnsibleFilterError(f"agent_client_programs: unknown client {unknown}; known: {', '.join(PROGRAMS)}")
+    for client, path in programs.items():
+        if not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "\n\r\0"):
+            raise AnsibleFilterError(f"agent_client_programs.{client} must be an absolute path, got {path!r}")
+    return [programs.get(name, PROGRAMS[name]) for name in names if name != OPENCODE]
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -113,4 +136,5 @@ class FilterModule:
             "agent_client_env_text": agent_client_env_text,
             "agent_clients_summary": agent_clients_summary,
             "agent_client_files": agent_client_files,
+            "agent_client_programs": agent_client_programs,
         }

@@ -1,0 +1,175 @@
+#!/usr/bin/python
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: agent_client_floor
+short_description: Measure each coding agent's prompt floor with its real first request
+version_added: 0.3.0
+description:
+  - For each client of O(clients) (Claude Code, Codex, Qwen Code, Crush) whose program is
+    installed, runs it once with its config rendered into a scratch directory and pointed at
+    a recorder on the loopback, keeps the first request it sends, and sends that request to
+    O(base_url) for a one-token answer. The server's count of its prompt is the client's
+    prompt floor, the tokens a first turn costs before any work.
+  - A client whose program is not found is reported in RV(skipped) (its budget is then checked
+    without a floor); a program that runs but sends nothing, or a request the server refuses,
+    fails the module with the client's name and output.
+  - Writes nothing outside a scratch directory it removes; the same in check mode.
+author:
+  - localinference.vllm developers (@localinference)
+extends_documentation_fragment:
+  - localinference.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+options:
+  clients:
+    description: The clients to measure (C(claude_code), C(codex), C(qwen_code), C(crush)).
+    type: list
+    elements: str
+    required: true
+  programs:
+    description:
+      - Client name to the path of its program. A client not named here is looked up on C(PATH)
+        (C(claude), C(codex), C(qwen), C(crush)).
+    type: dict
+    default: {}
+  plan:
+    description: The budget plan the configs are rendered from (as for the client configs).
+    type: dict
+    required: true
+  model:
+    description: The served model name.
+    type: str
+    required: true
+  base_url:
+    description: The OpenAI base URL of the endpoint, ending in C(/v1).
+    type: str
+    required: true
+  api_key_env:
+    description: The environment variable the configs read the key from.
+    type: str
+    required: true
+  api_key:
+    description: The key the endpoint wants (sent to O(base_url) only, never to the recorder).
+    type: str
+    default: ""
+  reasoning_key:
+    description: The reasoning field the server streams (C(reasoning), C(reasoning_content), C(none)).
+    type: str
+    default: reasoning
+  ca_file:
+    description: The CA that signed the endpoint's certificate, for an C(https) O(base_url).
+    type: str
+    default: ""
+  timeout:
+    description: Seconds each client may take to send its first request, and the server to answer it.
+    type: int
+    default: 120
+"""
+
+EXAMPLES = r"""
+- name: Measure Claude Code's and Codex's first requests
+  localinference.vllm.agent_client_floor:
+    clients: [claude_code, codex]
+    plan: {max_model_len: 65536, output_tokens: 1024}
+    model: localinference/tiny-deepseek
+    base_url: https://127.0.0.1:18080/localinference/tiny-deepseek/v1
+    api_key_env: LOCALINFERENCE_API_KEY
+    api_key: "{{ key }}"
+    ca_file: /etc/localinference/ca.crt
+  no_log: true
+"""
+
+RETURN = r"""
+floors:
+  description: Client name to its measured prompt floor in tokens.
+  returned: always
+  type: dict
+measurements:
+  description: Per measured client, C(client), C(program), C(prompt_floor) and C(request) (C(path), C(bytes), C(tools)).
+  returned: always
+  type: list
+  elements: dict
+skipped:
+  description: Per client not measured, C(client) and C(why).
+  returned: always
+  type: list
+  elements: dict
+"""
+
+import os
+import shutil
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils.client._client_floor import (
+    PROGRAMS,
+    FloorError,
+    measure,
+)
+
+ARGUMENT_SPEC: dict[str, Any] = {
+    "clients": {"type": "list", "elements": "str", "required": True},
+    "programs": {"type": "dict", "default": {}},
+    "plan": {"type": "dict", "required": True},
+    "model": {"type": "str", "required": True},
+    "base_url": {"type": "str", "required": True},
+    "api_key_env": {"type": "str", "required": True},
+    "api_key": {"type": "str", "default": "", "no_log": True},
+    "reasoning_key": {"type": "str", "default": "reasoning"},
+    "ca_file": {"type": "str", "default": ""},
+    "timeout": {"type": "int", "default": 120},
+}
+
+
+def program_of(client: str, programs: dict[str, Any]) -> tuple[str | None, str]:
+    """The client's program path, or None and why not."""
+    given = programs.get(client)
+    if given is None:
+        found = shutil.which(PROGRAMS[client])
+        return found, "" if found else f"{PROGRAMS[client]} is not on PATH (agent_client_programs.{client} names it)"
+    if not isinstance(given, str) or not os.path.isabs(given) or "\n" in given:
+        raise FloorError(f"agent_client_programs.{client} must be an absolute path, got {given!r}")
+    if not os.access(given, os.X_OK) or os.path.isdir(given):
+        raise FloorError(f"agent_client_programs.{client}: {given} is not an executable file")
+    return given, ""
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    p = module.params
+    unknown = [c for c in p["clients"] if c not in PROGRAMS]
+    if unknown:
+        module.fail_json(msg=f"clients: no measurement for {unknown}; known: {', '.join(PROGRAMS)}")
+    if not 0 < p["timeout"] <= 3600:
+        module.fail_json(msg=f"timeout must be 1-3600 seconds, got {p['timeout']}")
+    floors, measurements, skipped = {}, [], []
+    for client in p["clients"]:
+        try:
+            program, why = program_of(client, p["programs"])
+            if program is None:
+                skipped.append({"client": client, "why": why})
+                continue
+            done = measure(
+                client, program, plan=p["plan"], model=p["model"], base_url=p["base_url"],
+                api_key_env=p["api_key_env"], reasoning_key=p["reasoning_key"], key=p["api_key"],
+                ca_file=p["ca_file"], timeout=p["timeout"],
+            )  # fmt: skip
+        except FloorError as exc:
+            module.fail_json(
+                msg=f"{client}'s prompt floor: {exc}. Fix it, or set agent_client_prompt_floors.{client} (tokens)"
+                " to skip the measurement.",
+                floors=floors, measurements=measurements, skipped=skipped,
+            )  # fmt: skip
+        floors[client] = done["prompt_floor"]
+        measurements.append(done)
+    module.exit_json(changed=False, floors=floors, measurements=measurements, skipped=skipped)
+
+
+if __name__ == "__main__":
+    main()
