@@ -119,9 +119,9 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "plan": {"type": "dict", "required": True},
     "model": {"type": "str", "required": True},
     "base_url": {"type": "str", "required": True},
-    "api_key_env": {"type": "str", "required": True},
+    "api_key_env": {"type": "str", "required": True, "no_log": False},
     "api_key": {"type": "str", "default": "", "no_log": True},
-    "reasoning_key": {"type": "str", "default": "reasoning"},
+    "reasoning_key": {"type": "str", "default": "reasoning", "no_log": False},
     "ca_file": {"type": "str", "default": ""},
     "timeout": {"type": "int", "default": 120},
 }

@@ -12,17 +12,15 @@ the server returns is the floor. One way for every client, whatever its own outp
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
 import signal
-import ssl
 import subprocess
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -33,6 +31,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._client
     QWEN_CODE,
     ClientConfigError,
     render,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._token_probe import (
+    _connection,
 )
 
 PROMPT = "Say hello."
@@ -132,19 +133,26 @@ def prompt_tokens(path: str, answer: dict[str, Any]) -> int:
 
 
 def replay(url: str, body: dict[str, Any], key: str, ca_file: str, timeout: float) -> dict[str, Any]:
-    headers = {"content-type": "application/json"}
+    """POST the request to the endpoint (the collection's one HTTP(S) connection) and read its JSON."""
+    headers = {"Content-Type": "application/json"}
     if key:
-        headers["authorization"] = f"Bearer {key}"
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
-    context = ssl.create_default_context(cafile=ca_file or None) if url.startswith("https:") else None
+        headers["Authorization"] = f"Bearer {key}"
     try:
-        with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
-            return json.loads(answer.read(_MAX_BODY))
-    except urllib.error.HTTPError as exc:
-        detail = exc.read(2000).decode(errors="replace")
-        raise FloorError(f"POST {url} answered {exc.code}: {detail[:300]}") from None
-    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
-        raise FloorError(f"POST {url} failed: {getattr(exc, 'reason', exc)}") from None
+        conn, target = _connection(url, timeout, ca_file or None)
+        try:
+            conn.request("POST", target, body=json.dumps(body).encode(), headers=headers)
+            answer = conn.getresponse()
+            text = answer.read(_MAX_BODY)
+        finally:
+            conn.close()
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        raise FloorError(f"POST {url} failed: {exc}") from None
+    if answer.status != 200:
+        raise FloorError(f"POST {url} answered {answer.status}: {text[:300].decode(errors='replace')}")
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise FloorError(f"POST {url} answered no JSON: {text[:200].decode(errors='replace')}") from None
 
 
 def measure(client: str, program: str, *, plan: dict[str, Any], model: str, base_url: str, api_key_env: str,
