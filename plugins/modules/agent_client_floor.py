@@ -13,6 +13,9 @@ description:
     a recorder on the loopback, keeps the first request it sends, and sends that request to
     O(base_url) for a one-token answer. The server's count of its prompt is the client's
     prompt floor, the tokens a first turn costs before any work.
+  - Every installed client's version (C(--version)) is read first; a version outside the range
+    the collection's rules cover fails the module before anything is measured, naming the
+    client, its version and that range, unless O(allow_unknown_versions).
   - A client whose program is not found is reported in RV(skipped) (its budget is then checked
     without a floor); a program that runs but sends nothing, or a request the server refuses,
     fails the module with the client's name and output.
@@ -28,10 +31,18 @@ attributes:
     support: none
 options:
   clients:
-    description: The clients to measure (C(claude_code), C(codex), C(qwen_code), C(crush)).
+    description: The clients to look at (C(claude_code), C(codex), C(qwen_code), C(crush)).
     type: list
     elements: str
     required: true
+  measure:
+    description: The clients of O(clients) to measure (the others only have their version checked); default all.
+    type: list
+    elements: str
+  allow_unknown_versions:
+    description: Report a client version outside the rules' range in RV(warnings_versions) instead of failing.
+    type: bool
+    default: false
   programs:
     description:
       - Client name to the path of its program. A client not named here is looked up on C(PATH)
@@ -95,8 +106,17 @@ measurements:
   returned: always
   type: list
   elements: dict
+versions:
+  description: Client name to the version its program reports (installed clients only).
+  returned: always
+  type: dict
+warnings_versions:
+  description: With O(allow_unknown_versions), why each version outside the rules' range is not covered.
+  returned: always
+  type: list
+  elements: str
 skipped:
-  description: Per client not measured, C(client) and C(why).
+  description: Per client not measured because its program is not found, C(client) and C(why).
   returned: always
   type: list
   elements: dict
@@ -111,10 +131,14 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._client
     PROGRAMS,
     FloorError,
     measure,
+    read_version,
+    version_problem,
 )
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "clients": {"type": "list", "elements": "str", "required": True},
+    "measure": {"type": "list", "elements": "str"},
+    "allow_unknown_versions": {"type": "bool", "default": False},
     "programs": {"type": "dict", "default": {}},
     "plan": {"type": "dict", "required": True},
     "model": {"type": "str", "required": True},
@@ -140,23 +164,45 @@ def program_of(client: str, programs: dict[str, Any]) -> tuple[str | None, str]:
     return given, ""
 
 
+def installed(clients: list[str], programs: dict[str, Any], timeout: float, allow: bool) -> dict[str, Any]:
+    """Each client's program and version, or why it is skipped; refuses versions outside the rules."""
+    found, versions, skipped, problems = {}, {}, [], []
+    for client in clients:
+        program, why = program_of(client, programs)
+        if program is None:
+            skipped.append({"client": client, "why": why})
+            continue
+        found[client] = program
+        versions[client] = read_version(client, program, min(timeout, 60))
+        problem = version_problem(client, versions[client])
+        if problem:
+            problems.append(problem)
+    if problems and not allow:
+        raise FloorError("; ".join(problems))
+    return {"programs": found, "versions": versions, "skipped": skipped, "warnings_versions": problems}
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     p = module.params
+    wanted = p["clients"] if p["measure"] is None else p["measure"]
     unknown = [c for c in p["clients"] if c not in PROGRAMS]
     if unknown:
         module.fail_json(msg=f"clients: no measurement for {unknown}; known: {', '.join(PROGRAMS)}")
+    if not set(wanted) <= set(p["clients"]):
+        module.fail_json(msg=f"measure: {sorted(set(wanted) - set(p['clients']))} are not among clients")
     if not 0 < p["timeout"] <= 3600:
         module.fail_json(msg=f"timeout must be 1-3600 seconds, got {p['timeout']}")
-    floors, measurements, skipped = {}, [], []
-    for client in p["clients"]:
+    try:
+        found = installed(p["clients"], p["programs"], p["timeout"], p["allow_unknown_versions"])
+    except FloorError as exc:
+        module.fail_json(msg=str(exc))
+    result = {"changed": False, "floors": {}, "measurements": [], **found}
+    del result["programs"]
+    for client in [c for c in wanted if c in found["programs"]]:
         try:
-            program, why = program_of(client, p["programs"])
-            if program is None:
-                skipped.append({"client": client, "why": why})
-                continue
             done = measure(
-                client, program, plan=p["plan"], model=p["model"], base_url=p["base_url"],
+                client, found["programs"][client], plan=p["plan"], model=p["model"], base_url=p["base_url"],
                 api_key_env=p["api_key_env"], reasoning_key=p["reasoning_key"], key=p["api_key"],
                 ca_file=p["ca_file"], timeout=p["timeout"],
             )  # fmt: skip
@@ -164,11 +210,11 @@ def main() -> None:
             module.fail_json(
                 msg=f"{client}'s prompt floor: {exc}. Fix it, or set agent_client_prompt_floors.{client} (tokens)"
                 " to skip the measurement.",
-                floors=floors, measurements=measurements, skipped=skipped,
+                **result,
             )  # fmt: skip
-        floors[client] = done["prompt_floor"]
-        measurements.append(done)
-    module.exit_json(changed=False, floors=floors, measurements=measurements, skipped=skipped)
+        result["floors"][client] = done["prompt_floor"]
+        result["measurements"].append({**done, "version": found["versions"][client]})
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

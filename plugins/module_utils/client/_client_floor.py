@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -45,6 +46,16 @@ ARGV = {
     QWEN_CODE: ["-p", PROMPT],
     CRUSH: ["run", PROMPT],
 }
+# The versions whose config keys and budget rules the collection knows: from the version
+# measured against the lab (lab/agent-clients.txt; Crush: its source and recorded request,
+# tests/unit/fixtures/crush) up to the next major. [lowest, below)
+RULES_VERSIONS = {
+    CLAUDE_CODE: ((2, 1, 0), (3, 0, 0)),
+    CODEX: ((0, 169, 0), (1, 0, 0)),
+    QWEN_CODE: ((0, 24, 0), (1, 0, 0)),
+    CRUSH: ((0, 90, 0), (1, 0, 0)),
+}
+_VERSION = re.compile(r"(?<![\d.])(\d+)\.(\d+)\.(\d+)")
 # An error every API shape reads as a refused request (Anthropic: type/error; OpenAI: error).
 _REFUSAL = json.dumps(
     {"type": "error", "error": {"type": "invalid_request_error", "message": "recorded", "code": None}}
@@ -76,6 +87,46 @@ class _Recorder(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         return
+
+
+def _dotted(version: tuple[int, int, int]) -> str:
+    return ".".join(map(str, version))
+
+
+def read_version(client: str, program: str, timeout: float) -> str:
+    """``program --version`` (a scratch HOME), its first x.y.z."""
+    scratch = tempfile.mkdtemp(prefix=f"localinference-{client}-version-")
+    env = {name: os.environ[name] for name in ("PATH", "LANG") if name in os.environ}
+    env.update({"HOME": scratch, "NO_COLOR": "1"})
+    try:
+        done = subprocess.run(
+            [program, "--version"], env=env, cwd=scratch, stdin=subprocess.DEVNULL, capture_output=True,
+            timeout=timeout, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise FloorError(f"{program} --version did not answer in {timeout:.0f} s") from None
+    except OSError as exc:
+        raise FloorError(f"cannot run {program}: {exc.strerror}") from None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    found = _VERSION.search(done.stdout.decode(errors="replace"))
+    if done.returncode != 0 or not found:
+        said = (done.stdout + done.stderr).decode(errors="replace").strip()[-200:]
+        raise FloorError(f"{program} --version printed no version (rc={done.returncode}): {said or 'nothing'}")
+    return found.group(0)
+
+
+def version_problem(client: str, version: str) -> str | None:
+    """Why the collection's rules do not cover this version of the client, or None."""
+    lowest, below = RULES_VERSIONS[client]
+    numbers = tuple(int(part) for part in version.split("."))
+    if lowest <= numbers < below:
+        return None
+    return (
+        f"{client} {version}: the collection has config and budget rules for {client} {_dotted(lowest)} up to"
+        f" {_dotted(below)} (not included); install one of those (lab/agent-clients.txt pins the measured"
+        f" one), or set agent_client_allow_unknown_versions: true to write its config by these rules anyway"
+    )
 
 
 def first_request(argv: list[str], env: dict[str, str], cwd: str, recorder: ThreadingHTTPServer, timeout: float):

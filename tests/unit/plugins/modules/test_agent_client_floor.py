@@ -82,9 +82,11 @@ def endpoint():
     server.server_close()
 
 
-def program(tmp_path: Path, source: str) -> str:
+def program(tmp_path: Path, source: str, version: str = "0.24.4") -> str:
+    """An executable Python program; ``--version`` prints ``version`` as Qwen Code does."""
     path = tmp_path / "qwen"
-    path.write_text(f"#!{sys.executable}\n{source}")
+    answer = f"import sys\nif sys.argv[1:] == ['--version']:\n    print({version!r})\n    sys.exit(0)\n"
+    path.write_text(f"#!{sys.executable}\n{answer}{source}")
     path.chmod(0o755)
     return str(path)
 
@@ -115,8 +117,36 @@ def test_the_first_request_is_recorded_and_counted_by_the_endpoint(endpoint, tmp
     assert done.result["floors"] == {"qwen_code": expected}
     (measured,) = done.result["measurements"]
     assert measured["request"] == {"path": "/v1/chat/completions", "bytes": measured["request"]["bytes"], "tools": 1}
+    assert measured["version"] == "0.24.4" and done.result["versions"] == {"qwen_code": "0.24.4"}
     assert done.result["skipped"] == [] and done.result["changed"] is False
+    assert done.result["warnings_versions"] == []
     assert KEY not in json.dumps(done.result)
+
+
+@pytest.mark.parametrize(
+    ("version", "allow", "expected"),
+    [
+        ("0.24.0", False, None),
+        ("0.99.12", False, None),
+        ("0.23.9", False, "qwen_code 0.23.9: the collection has config and budget rules for qwen_code 0.24.0 up to"),
+        ("1.0.0", False, "1.0.0 (not included)"),
+        ("1.0.0", True, "agent_client_allow_unknown_versions: true"),
+        ("qwen (development build)", False, "printed no version (rc=0): qwen (development build)"),
+    ],
+)
+def test_a_client_version_the_rules_do_not_cover_is_refused_before_measuring(endpoint, tmp_path, version, allow,
+                                                                              expected):  # fmt: skip
+    """Checked for every installed client, measured or not (measure: [])."""
+    given = {"programs": {"qwen_code": program(tmp_path, QWEN_STANDIN, version)}, "measure": [],
+             "allow_unknown_versions": allow}  # fmt: skip
+    done = run_module(agent_client_floor, args(endpoint, **given))
+    assert endpoint.seen == [] and done.result.get("measurements", []) == []
+    if expected is None:
+        assert not done.failed and done.result["versions"] == {"qwen_code": version}, done.result
+    elif allow:
+        assert not done.failed and expected in done.result["warnings_versions"][0], done.result
+    else:
+        assert done.failed and expected in done.result["msg"], done.result
 
 
 def test_a_client_not_installed_is_skipped_with_the_reason(endpoint, monkeypatch, tmp_path):
@@ -156,7 +186,7 @@ def test_what_cannot_be_measured_is_named_with_the_fix(endpoint, tmp_path, setup
     done = run_module(agent_client_floor, args(endpoint, **given))
     assert done.failed
     assert expected in done.result["msg"]
-    if setup != "unknown":
+    if setup in ("silent", "refused"):
         assert "agent_client_prompt_floors.qwen_code" in done.result["msg"]
     assert KEY not in done.result["msg"]
 
