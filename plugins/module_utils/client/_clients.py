@@ -362,6 +362,12 @@ def _codex(p: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], str]:
                 "requires_openai_auth": False,
             }
         },
+        # Codex 0.169.0 snapshots the shell's exported environment, the key's variable
+        # included, into CODEX_HOME/shell_snapshots/ (mode 0644) while it runs, and leaves
+        # it there when it is killed (measured in the lab); the agent's commands do not
+        # need the endpoint's key either.
+        "features": {"shell_snapshot": False},
+        "shell_environment_policy": {"exclude": [p["api_key_env"]]},
     }
     return doc, {"CODEX_HOME": p["dir"]}, p["api_key_env"]
 
@@ -496,7 +502,12 @@ def render(
             "dir": client_dir,
         }
     )
-    doc = _merge(_existing(existing, fmt, path), ours)
+    before = _existing(existing, fmt, path)
+    doc = _merge(before, ours)
+    theirs = (before.get("shell_environment_policy") or {}).get("exclude") if client == CODEX else None
+    if isinstance(theirs, list):  # the user's own exclusions kept beside the key's
+        excluded = ours["shell_environment_policy"]["exclude"]
+        doc["shell_environment_policy"]["exclude"] = [*theirs, *(n for n in excluded if n not in theirs)]
     try:
         text = dumps(doc) if fmt == "toml" else json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
     except TomlWriteError as exc:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,48 @@ COMMANDS = {
 }
 
 
+class Watch:
+    """Every file under ``folder`` (its env file aside) listed every 20 ms while the block runs
+    and once after it, and read when new or changed: ``seen`` holds every name that existed,
+    ``leaked`` those that held the key, even for a moment."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.key = folder, api_key().encode()
+        self.seen: set[str] = set()
+        self.leaked: list[str] = []
+        self.stamps: dict[str, tuple[int, int]] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.look_until_done, daemon=True)
+
+    def look(self) -> None:
+        for parent, _, names in os.walk(self.folder):  # a folder gone meanwhile is skipped
+            for path in (Path(parent) / name for name in names if name != "env"):
+                name = str(path.relative_to(self.folder))
+                try:
+                    info = path.stat()
+                    if self.stamps.get(name) != (info.st_mtime_ns, info.st_size):
+                        self.stamps[name] = (info.st_mtime_ns, info.st_size)
+                        self.seen.add(name)
+                        if self.key in path.read_bytes():
+                            self.leaked.append(name)
+                except OSError:  # gone between listing and reading
+                    continue
+
+    def look_until_done(self) -> None:
+        while not self.done.wait(0.02):
+            self.look()
+
+    def __enter__(self) -> Watch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join(10)
+        self.look()
+        self.leaked = sorted(set(self.leaked))
+
+
 @pytest.mark.parametrize("client", list(CLI))
 def test_the_real_client_completes_a_turn_through_its_generated_config(rendered, client, tmp_path):
     work = tmp_path / "work"
@@ -185,14 +228,15 @@ def test_the_real_client_completes_a_turn_through_its_generated_config(rendered,
     (work / "README.md").write_text("A project the client works in.\n")
     since = exec_on(HEAD, "date", "+%s").stdout.strip()
     argv, parse = COMMANDS[client]
-    done = run(
-        ["timeout", "--kill-after=10", str(RUN_TIMEOUT), CLI[client], *argv],
-        env=_env(client, tmp_path),
-        cwd=work,
-        timeout=RUN_TIMEOUT + 60,
-        check=False,
-        input="",
-    )
+    with Watch(CLIENTS_DIR / client) as written:
+        done = run(
+            ["timeout", "--kill-after=10", str(RUN_TIMEOUT), CLI[client], *argv],
+            env=_env(client, tmp_path),
+            cwd=work,
+            timeout=RUN_TIMEOUT + 60,
+            check=False,
+            input="",
+        )
     shown = f"rc={done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-1500:]}"
     assert done.returncode == 0, shown
     turn = parse(done.stdout)
@@ -220,6 +264,11 @@ def test_the_real_client_completes_a_turn_through_its_generated_config(rendered,
         assert turn["turns"] == 2, shown
         # The window Claude Code took is the served context the config says, not its 1M guess.
         assert turn["window"] == rendered["max_model_len"], shown
+    # Nothing the client wrote in its folder, while it ran or after, holds the key but its env
+    # file: Codex 0.169.0 snapshots the exported environment into shell_snapshots/ (mode 0644)
+    # during a run unless its config turns that off.
+    assert written.leaked == [], written.leaked
+    assert [name for name in written.seen if name.startswith("shell_snapshots/")] == [], written.seen
 
 
 def test_the_doctor_names_a_wrong_limit_planted_in_a_clients_config(rendered):

@@ -169,6 +169,9 @@ def test_codex_config_toml():
     assert doc["model_providers"]["localinference"] == {
         "name": "localinference", "base_url": URL, "env_key": "LOCALINFERENCE_API_KEY",
         "wire_api": "responses", "requires_openai_auth": False}
+    # No shell snapshot of the environment (it holds the key) and no key in the agent's commands.
+    assert doc["features"] == {"shell_snapshot": False}
+    assert doc["shell_environment_policy"] == {"exclude": ["LOCALINFERENCE_API_KEY"]}
     # Codex is not a Node program: the CA through SSL_CERT_FILE, not NODE_EXTRA_CA_CERTS.
     assert got["env"] == {"CODEX_HOME": f"{DIR}/codex", "SSL_CERT_FILE": "/home/op/ca.crt"}
     assert rendered("codex")["env"] == {"CODEX_HOME": f"{DIR}/codex"}
@@ -224,6 +227,12 @@ def test_the_key_is_only_in_the_env_file(client):
         ("codex", 'approval_policy = "never"\n[model_providers.other]\nbase_url = "http://x/v1"\n',
          lambda d: d["approval_policy"] == "never" and d["model_providers"]["other"]["base_url"] == "http://x/v1"),
         ("crush", '{"lsp": {"go": {"command": "gopls"}}}', lambda d: d["lsp"]["go"]["command"] == "gopls"),
+        # the user's own exclusions and features kept beside the collection's
+        ("codex", '[features]\nweb_search_request = true\n[shell_environment_policy]\nexclude = ["AWS_*"]\n',
+         lambda d: d["shell_environment_policy"]["exclude"] == ["AWS_*", "LOCALINFERENCE_API_KEY"]
+         and d["features"] == {"web_search_request": True, "shell_snapshot": False}),
+        ("codex", '[shell_environment_policy]\nexclude = ["LOCALINFERENCE_API_KEY"]\n',
+         lambda d: d["shell_environment_policy"]["exclude"] == ["LOCALINFERENCE_API_KEY"]),
     ],
 )
 def test_a_users_other_keys_are_kept(client, existing, kept):
