@@ -134,8 +134,7 @@ def test_the_first_request_is_recorded_and_counted_by_the_endpoint(endpoint, tmp
         ("qwen (development build)", False, "printed no version (rc=0): qwen (development build)"),
     ],
 )
-def test_a_client_version_the_rules_do_not_cover_is_refused_before_measuring(endpoint, tmp_path, version, allow,
-                                                                              expected):  # fmt: skip
+def test_a_version_the_rules_do_not_cover_is_refused_first(endpoint, tmp_path, version, allow, expected):
     """Checked for every installed client, measured or not (measure: [])."""
     given = {"programs": {"qwen_code": program(tmp_path, QWEN_STANDIN, version)}, "measure": [],
              "allow_unknown_versions": allow}  # fmt: skip
