@@ -50,7 +50,7 @@ options:
     type: dict
     default: {}
   plan:
-    description: The budget plan the configs are rendered from (as for the client configs).
+    description: The budget the configs are rendered from (C(context), C(output), C(reserved) in tokens, as for the client configs).
     type: dict
     required: true
   model:
@@ -87,7 +87,7 @@ EXAMPLES = r"""
 - name: Measure Claude Code's and Codex's first requests
   localinference.vllm.agent_client_floor:
     clients: [claude_code, codex]
-    plan: {max_model_len: 65536, output_tokens: 1024}
+    plan: {context: 65536, input: 64512, output: 1024, reserved: 1024}
     model: localinference/tiny-deepseek
     base_url: https://127.0.0.1:18080/localinference/tiny-deepseek/v1
     api_key_env: LOCALINFERENCE_API_KEY
@@ -102,7 +102,7 @@ floors:
   returned: always
   type: dict
 measurements:
-  description: Per measured client, C(client), C(program), C(prompt_floor) and C(request) (C(path), C(bytes), C(tools)).
+  description: Per measured client, C(client), C(program), C(version), C(prompt_floor) and C(request) (C(path), C(bytes), C(tools)).
   returned: always
   type: list
   elements: dict

@@ -237,6 +237,8 @@ def measure(client: str, program: str, *, plan: dict[str, Any], model: str, base
         recorder.shutdown()
         recorder.server_close()
         shutil.rmtree(scratch, ignore_errors=True)
+    if not path.startswith("/v1/") or ".." in path or any(c.isspace() for c in path):
+        raise FloorError(f"{program}'s first request went to {path[:120]!r}, not under the /v1/ it was given")
     try:
         body = json.loads(raw)
     except ValueError:

@@ -166,6 +166,7 @@ def test_a_client_not_installed_is_skipped_with_the_reason(endpoint, monkeypatch
         ("not-executable", "is not an executable file"),
         ("silent", "exited 3 after 30 s without a request: said nothing useful"),
         ("refused", "answered 401"),
+        ("elsewhere", "first request went to '/admin/reset', not under the /v1/ it was given"),
         ("unknown", "clients: no measurement for ['aider']"),
     ],
 )
@@ -180,12 +181,16 @@ def test_what_cannot_be_measured_is_named_with_the_fix(endpoint, tmp_path, setup
         given["programs"] = {"qwen_code": program(tmp_path, "print('said nothing useful'); raise SystemExit(3)")}
     elif setup == "refused":
         endpoint.status = 401
+    elif setup == "elsewhere":
+        elsewhere = QWEN_STANDIN.replace('provider["baseUrl"] + "/chat/completions"',
+                                         'provider["baseUrl"][:-3] + "/admin/reset"')
+        given["programs"] = {"qwen_code": program(tmp_path, elsewhere)}
     else:
         given["clients"] = ["aider"]
     done = run_module(agent_client_floor, args(endpoint, **given))
     assert done.failed
     assert expected in done.result["msg"]
-    if setup in ("silent", "refused"):
+    if setup in ("silent", "refused", "elsewhere"):
         assert "agent_client_prompt_floors.qwen_code" in done.result["msg"]
     assert KEY not in done.result["msg"]
 
