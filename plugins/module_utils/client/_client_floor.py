@@ -93,11 +93,16 @@ def _dotted(version: tuple[int, int, int]) -> str:
     return ".".join(map(str, version))
 
 
+def _scratch_env(home: str, **more: str) -> dict[str, str]:
+    """A client's environment: PATH and LANG from ours, a scratch HOME, no colour, ``more``."""
+    env = {name: os.environ[name] for name in ("PATH", "LANG") if name in os.environ}
+    return {**env, "HOME": home, "XDG_CONFIG_HOME": f"{home}/.config", "NO_COLOR": "1", **more}
+
+
 def read_version(client: str, program: str, timeout: float) -> str:
     """``program --version`` (a scratch HOME), its first x.y.z."""
     scratch = tempfile.mkdtemp(prefix=f"localinference-{client}-version-")
-    env = {name: os.environ[name] for name in ("PATH", "LANG") if name in os.environ}
-    env.update({"HOME": scratch, "NO_COLOR": "1"})
+    env = _scratch_env(scratch)
     try:
         done = subprocess.run(
             [program, "--version"], env=env, cwd=scratch, stdin=subprocess.DEVNULL, capture_output=True,
@@ -227,11 +232,8 @@ def measure(client: str, program: str, *, plan: dict[str, Any], model: str, base
         os.makedirs(f"{scratch}/home/work", mode=0o700)
         with open(rendered["config_path"], "w", encoding="utf-8") as handle:
             handle.write(rendered["config"])
-        env = {name: os.environ[name] for name in ("PATH", "LANG") if name in os.environ}
-        env.update(rendered["env"])
         # not the real key: the recorder is no endpoint
-        env.update({"HOME": f"{scratch}/home", "NO_COLOR": "1", rendered["key_env"]: "recorder"})
-        env["XDG_CONFIG_HOME"] = f"{scratch}/home/.config"
+        env = _scratch_env(f"{scratch}/home", **rendered["env"], **{rendered["key_env"]: "recorder"})
         path, raw = first_request([program, *ARGV[client]], env, f"{scratch}/home/work", recorder, timeout)
     finally:
         recorder.shutdown()
