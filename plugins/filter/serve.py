@@ -4,6 +4,8 @@
 
 - ``start_refusals``: the lines of a unit's log in which a guard refused the start (the memory
   admission, F4; the offload reclaim, F13), journal prefix cut, the last three, repeats once.
+- ``build_sources``: where the controller holds each ``vllm_recipe.build`` file and patch
+  (``collection:``, ``inventory:``, an absolute path below ``serve_build_roots``), with its pin.
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _build_recipe
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
     start_refusals as _start_refusals,
 )
@@ -26,6 +32,18 @@ def start_refusals(lines: Any, limit: int = 3) -> list[str]:
     return _start_refusals(lines, int(limit))
 
 
+def build_sources(
+    build: Any, collection_files: str, inventory_dir: str, roots: Any = (), host_dir: str = ""
+) -> list[dict[str, str]]:
+    """Where the controller holds each ``vllm_recipe.build`` source (``_build_recipe.controller_sources``),
+    and where the build host keeps its copy (``on_host``: ``host_dir/<sha256>``)."""
+    try:
+        found = _build_recipe.controller_sources(build, collection_files, inventory_dir, list(roots or []))
+    except ValidationError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+    return [{**item, "on_host": f"{host_dir.rstrip('/')}/{item['sha256']}"} for item in found]
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"start_refusals": start_refusals}
+        return {"start_refusals": start_refusals, "build_sources": build_sources}

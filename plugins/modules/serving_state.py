@@ -465,6 +465,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._stage_c
     StageCheckError,
     all_active,
     capture_help,
+    check_mounts,
     help_cache_file,
     judge_address,
     judge_load,
@@ -720,6 +721,7 @@ def _cached_help(module, files, checks, recipe):
 def _staged_checks(module, files, checks, context, runner):
     """The checks on the staged units and the node's ports and units, then the guard programs."""
     recipe, node, result = context["recipe"], context["node"], context["result"]
+    result["mounts"] = check_mounts(recipe, node.host)
     if checks["quadlet"] and recipe["deploy_mode"] == "quadlet":
         with tempfile.TemporaryDirectory(prefix="localinference-quadlet-") as scratch:
             unit_dir = context["unit_root"]

@@ -9,12 +9,16 @@ Table-driven over every file in recipes/: a new recipe without a row here fails.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from ansible_collections.localinference.vllm.plugins.module_utils.common._build_recipe import (
+    build as normalise_build,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
     Node,
     RecipeError,
@@ -29,6 +33,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.qualify._quali
     ExpectedError,
     parse,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _derived_image
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._units import model_location
 from ansible_collections.localinference.vllm.plugins.modules import kv_budget
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
@@ -452,3 +457,105 @@ def test_the_rtx_pro_6000_example_renders_tensor_parallel_inside_one_host():
     assert argv == HEAD_ARGV["rtx_pro_6000_pair"]
     assert not {"--nnodes", "--node-rank", "--master-addr", "--headless"} & set(argv)
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+
+
+# ---------------------------------------------------------------- the publishers' launcher steps
+# vllm_recipe.build and vllm_recipe.mounts say what the launchers do before `vllm serve`; each
+# step is checked against the publisher's own text (tests/unit/fixtures/recipes, with sources).
+PUBLISHED = ROOT / "tests" / "unit" / "fixtures" / "recipes"
+COMPOSE = (PUBLISHED / "miaai-docker-compose.dspark-bf9ba2e.yml").read_text()
+SITE = "/usr/local/lib/python3.12/dist-packages"
+
+
+def _recipe_file(name: str) -> dict[str, Any]:
+    return yaml.safe_load((RECIPES / f"{name}.yml").read_text())
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_every_launcher_step_is_expressed(path):
+    """requires.not_expressible is empty: what the launcher does is in the recipe."""
+    assert _recipe_file(path.stem)["requires"].get("not_expressible", []) == []
+
+
+def _compose_replacement() -> tuple[str, str]:
+    """The old and new text of the compose command's python3 -c replacement, as Python reads them."""
+    script = re.search(r"python3 -c '(from pathlib import Path; .*?)'; fi;", COMPOSE).group(1)
+    found = dict(re.findall(r'\b(old|new)=("(?:[^"\\]|\\.)*")', script))
+    return eval(found["old"]), eval(found["new"])  # two string literals of the publisher's script
+
+
+def test_the_pair_patch_makes_the_publishers_replacement():
+    old, new = _compose_replacement()
+    # The replacement starts at `elif` mid-line: the file indents it as its next lines' `else`.
+    original = f"def map_effort(reasoning_effort):\n    if True:\n            if x:\n                pass\n            {old}\n    return reasoning_effort\n"
+    build = normalise_build(_recipe_file("dgx_spark_pair")["vllm_recipe"]["build"])
+    (patch_entry,) = build["patches"]
+    text = (ROOT / "files" / patch_entry["src"].partition(":")[2]).read_text()
+    assert hashlib.sha256(text.encode()).hexdigest() == patch_entry["sha256"]
+    (file_patch,) = _derived_image.parse_patch("patches[0]", text, patch_entry["strip"])
+    assert f"{patch_entry['root']}/{file_patch.path}" == f"{SITE}/vllm/tokenizers/deepseek_v4.py"
+    assert f'p=Path("{SITE}/vllm/tokenizers/deepseek_v4.py")' in COMPOSE
+    assert _derived_image.apply_patch("patches[0]", file_patch, original) == original.replace(old, new)
+
+
+def test_the_pair_build_copies_the_checkpoints_encoder_where_the_launcher_does():
+    build = normalise_build(_recipe_file("dgx_spark_pair")["vllm_recipe"]["build"])
+    (copy,) = build["files"]
+    assert copy["src"] == "model:encoding/encoding_dsv4.py"
+    assert "DeepSeek-V4-Flash-0731/snapshots/*/encoding/encoding_dsv4.py" in COMPOSE
+    assert f'cp "$${{ENCODING_SOURCE}}" {copy["dest"]};' in COMPOSE
+    assert 'export PATH="/usr/local/cuda/bin:/usr/local/bin:$${PATH:-}";' in COMPOSE
+    assert build["env_prepend"]["PATH"] == ["/usr/local/cuda/bin", "/usr/local/bin"]
+    assert 'export LD_LIBRARY_PATH="/usr/local/cuda/lib64:$${LD_LIBRARY_PATH:-}";' in COMPOSE
+    assert build["env_prepend"]["LD_LIBRARY_PATH"] == ["/usr/local/cuda/lib64"]
+
+
+# The exact Containerfile of each recipe with a build (the inputs hash as measured by the test).
+CONTAINERFILES = {
+    "dgx_spark_pair": (
+        "# Rendered by localinference.vllm from vllm_recipe.build; do not edit.\n"
+        "FROM ghcr.io/anemll/dspark-vllm-gx10:0.1.1@sha256:a83948492cf13df455170fb42885f5ef4db54fefe0feff0f841ecbff464ac9d8\n"
+        f'COPY --chmod=0644 ["files/0", "{SITE}/vllm/tokenizers/deepseek_v4_encoding.py"]\n'
+        f'COPY ["patched/0", "{SITE}/vllm/tokenizers/deepseek_v4.py"]\n'
+        'ENV LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"\n'
+        'ENV PATH="/usr/local/cuda/bin:/usr/local/bin${PATH:+:${PATH}}"\n'
+        'LABEL "io.localinference.build.inputs"="INPUTS" "io.localinference.build.base"='
+        '"ghcr.io/anemll/dspark-vllm-gx10:0.1.1@sha256:a83948492cf13df455170fb42885f5ef4db54fefe0feff0f841ecbff464ac9d8"\n'
+    ),
+}
+
+
+@pytest.mark.parametrize("profile", sorted(CONTAINERFILES))
+def test_renders_the_exact_containerfile(profile):
+    recipe = _recipe_file(profile)["vllm_recipe"]
+    build = normalise_build(recipe["build"])
+    patched = [f"{p['root']}/vllm/tokenizers/deepseek_v4.py" for p in build.get("patches", [])]
+    inputs = _derived_image.inputs_hash(recipe["image"], build, {"model:encoding/encoding_dsv4.py": "0" * 64})
+    text = _derived_image.containerfile(recipe["image"], build, inputs, patched)
+    assert text == CONTAINERFILES[profile].replace("INPUTS", inputs)
+
+
+def test_the_quad_mounts_are_the_publishers_md5_pinned_patches():
+    md5sums = dict(
+        reversed(line.split()) for line in (PUBLISHED / "sparkring-MD5SUMS-2bbbe4a").read_text().splitlines()
+    )
+    recipe = _recipe_file("dgx_spark_quad")["vllm_recipe"]
+    mounts = recipe["mounts"]
+    patches = {Path(m["src"]).name: m for m in mounts if "/patches/" in m["src"]}
+    assert sorted(patches) == sorted(set(md5sums) - {"mounts.txt"})
+    for name, mount in patches.items():
+        assert mount["md5"] == md5sums[name], name
+        assert mount["dest"].startswith(f"{SITE}/vllm/"), name
+    # The README's table names these five destinations whole.
+    named = {
+        "engram.py": "models/deepseek_v4_1/common/engram.py",
+        "weight_utils.py": "model_executor/model_loader/weight_utils.py",
+        "model_state.py": "models/deepseek_v4_1/nvidia/model_state.py",
+        "sparse_swa.py": "v1/attention/backends/mla/sparse_swa.py",
+        "sparse_attn_indexer.py": "model_executor/layers/sparse_attn_indexer.py",
+    }
+    for name, rel in named.items():
+        assert patches[name]["dest"] == f"{SITE}/vllm/{rel}"
+    library = next(m for m in mounts if m["src"].endswith("libnccl.so.2"))
+    assert recipe["env"]["LD_PRELOAD"] == library["dest"]
+    assert recipe["env"]["DSV41_ENGRAM_PACKED_DIR"] == next(m["dest"] for m in mounts if "engram-packed" in m["src"])

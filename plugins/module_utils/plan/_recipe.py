@@ -19,6 +19,9 @@ from functools import partial
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _build_recipe,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
@@ -65,6 +68,8 @@ DEPLOY_KEYS = frozenset(DEPLOY_DEFAULTS) | {
     "image",
     "vllm_version",
     "shm_size",
+    "build",
+    "mounts",
 }
 
 # vLLM options with defaults the collection always renders explicitly.
@@ -327,6 +332,8 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "shm_size": partial(validate.size, _name("shm_size")),
     "env": _env,
     "speculative_config": _speculative_config,
+    "build": _build_recipe.build,
+    "mounts": _build_recipe.mounts,
 }
 
 
@@ -472,6 +479,9 @@ def _normalise(raw: Any, plan_max_model_len: Any) -> dict[str, Any]:
         )
     recipe.setdefault("served_model_name", recipe["model"])
     recipe = _each_key(recipe)
+    for key in ("build", "mounts"):
+        if key in recipe and recipe["deploy_mode"] != "quadlet":
+            raise _fail(key, "needs deploy_mode quadlet (a container image)", f"drop {key} or serve with Quadlet")
     # Units run a digest, always: a tag (serve_allow_unpinned_image) reaches here resolved.
     _image(recipe, required=True)
     if recipe.get("max_model_len") == "plan":

@@ -136,3 +136,45 @@ def capture_help(runner, recipe: dict) -> str:
             f"{err.strip()[-400:] or 'no output'}; pull the image on the node, or set serve_help_check: false"
         )
     return out.rstrip("\n") + "\n"
+
+
+def _mount_digests(path: str) -> dict[str, str]:
+    """sha256 and md5 of a file, or of a directory's files (names and bytes, sorted)."""
+    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
+    files = [path]
+    if os.path.isdir(path):
+        files = sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names)
+    for name in files:
+        if name != path:
+            sha.update(os.path.relpath(name, path).encode() + b"\0")
+        with open(name, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                sha.update(block)
+                md5.update(block)
+    return {"sha256": sha.hexdigest(), "md5": md5.hexdigest()}
+
+
+def check_mounts(recipe: dict, host: str) -> list[dict[str, str]]:
+    """Every ``vllm_recipe.mounts`` source on this node, measured; a missing or changed one refuses.
+
+    Returns ``[{src, dest, sha256}]`` for the record. A pin (``sha256``, or the publisher's
+    ``md5``) that the node's bytes do not match stops the rollout before anything starts.
+    """
+    measured = []
+    for index, mount in enumerate(recipe.get("mounts", [])):
+        key = f"vllm_recipe.mounts[{index}]"
+        try:
+            digests = _mount_digests(mount["src"])
+        except OSError as exc:
+            raise StageCheckError(
+                f"{host}: {key}.src {mount['src']} cannot be read ({exc.strerror or exc}): put the file there "
+                "on every node before the rollout (nothing was changed)"
+            ) from None
+        for kind in ("sha256", "md5"):
+            if mount.get(kind) and mount[kind] != digests[kind]:
+                raise StageCheckError(
+                    f"{host}: {key}.{kind}: {mount['src']} has {kind} {digests[kind]}, not the pinned "
+                    f"{mount[kind]}: copy the reviewed file to every node (nothing was changed)"
+                )
+        measured.append({"src": mount["src"], "dest": mount["dest"], "sha256": digests["sha256"]})
+    return measured

@@ -299,6 +299,8 @@ def _runtime_paths(
         env["VLLM_CACHE_ROOT"] = CONTAINER_CACHE
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{CONTAINER_CACHE}/inductor")
         volumes = [f"{mount}:{CONTAINER_MODEL_ROOT}:ro", f"{recipe['cache_dir']}:{CONTAINER_CACHE}"]
+        # vllm_recipe.mounts: a publisher's files mounted instead of baked, read-only.
+        volumes += [f"{m['src']}:{m['dest']}:ro" for m in recipe.get("mounts", [])]
     else:
         model_path = node.weights_path
         env["VLLM_CACHE_ROOT"] = recipe["cache_dir"]
