@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -41,6 +42,12 @@ def build_sources(
         found = _build_recipe.controller_sources(build, collection_files, inventory_dir, list(roots or []))
     except ValidationError as exc:
         raise AnsibleFilterError(str(exc)) from None
+    for item in found:
+        if not os.path.isfile(item["path"]):
+            raise AnsibleFilterError(
+                f"{item['key']}: {item['src']} is not a file on the controller ({item['path']}); "
+                "fix the path (collection: is the collection's files/, inventory: the inventory's directory)"
+            )
     return [{**item, "on_host": f"{host_dir.rstrip('/')}/{item['sha256']}"} for item in found]
 
 

@@ -280,5 +280,5 @@ def controller_sources(
                     f"{path} is outside serve_build_roots ({', '.join(roots) or 'none'})",
                     "keep the file beside the inventory (inventory:PATH) or add its directory to serve_build_roots",
                 )
-            found.append({"src": entry["src"], "path": path, "sha256": entry["sha256"]})
+            found.append({"key": name, "src": entry["src"], "path": path, "sha256": entry["sha256"]})
     return found
