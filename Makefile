@@ -16,7 +16,7 @@ MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
 .PHONY: help bootstrap system-packages images lab lab-up lab-down lab-clean test test-unit lint sanity \
-        test-molecule test-lab test-lab-faults test-lab-extended test-lab-clients test-scale scale-up scale-down test-onehost build bench soak \
+        test-molecule test-lab test-lab-faults test-lab-extended test-lab-clients test-scale scale-up scale-down test-onehost build bench soak soak-smoke \
         test-release docs release
 
 help:
@@ -30,8 +30,11 @@ help:
 	@echo "make scale-up   create and converge the three-host lab and leave it up;  make scale-down  remove it"
 	@echo "make test-onehost the one-host lab (molecule/onehost): create, converge, idempotence, test, destroy"
 	@echo "make bench      every benchmark against 'make lab': prints the ratios, writes .lab/bench.json"
-	@echo "make soak       agent-shaped traffic with one wedge and one link flap against 'make lab'"
-	@echo "                (SOAK_MINUTES, default 20): writes .lab/soak.json; not part of make test"
+	@echo "make soak       agent-shaped traffic over TLS with the key, one wedge and one link flap, against"
+	@echo "                'make lab' (SOAK_MINUTES, default 20): writes .lab/soak.json; exits 1 when the"
+	@echo "                endpoint never answered, a fault was not recovered or availability outside fault"
+	@echo "                windows is below SOAK_MIN_AVAILABILITY (default 99.0); not part of make test"
+	@echo "make soak-smoke the same for 3 minutes with one wedge and no link flap"
 	@echo "make test-release  build the tarball, install it offline, ansible-doc and --syntax-check from it"
 	@echo "make docs       the modules', plugins' and roles' docs as HTML in .lab/docs/html (antsibull-docs)"
 	@echo "make release    cut the version in galaxy.yml from changelogs/fragments (antsibull-changelog)"
@@ -176,12 +179,19 @@ bench: bootstrap
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
 # Bounded agent-shaped traffic (2-4 sessions, tool turns, growing context) against the lab's
-# ingress for SOAK_MINUTES, with one wedge left to the head's watchdog and one link flap
-# (benchmarks/soak.py; SOAK_SESSIONS, SOAK_DEADLINE_S, SOAK_FLAP_S). Writes $(LAB)/soak.json
-# and $(LAB)/soak-requests.jsonl; stops by itself. Not part of `make test`.
+# ingress for SOAK_MINUTES, as a client talks to it (TLS with the ingress's CA, the key), with
+# one wedge left to the head's watchdog and one link flap (benchmarks/soak.py; SOAK_SESSIONS,
+# SOAK_DEADLINE_S, SOAK_FLAP_S, SOAK_READY_S, SOAK_MIN_AVAILABILITY, SOAK_ENDPOINT, SOAK_CA_FILE,
+# SOAK_KEY_FILE). Writes $(LAB)/soak.json and $(LAB)/soak-requests.jsonl; stops by itself and
+# exits 1 when the endpoint never answered before any fault (nothing written), a fault was not
+# caused or not recovered, or availability outside fault windows is below its floor.
+# soak-smoke: a few minutes, one wedge, no link flap. Neither is part of `make test`.
 SOAK_MINUTES ?= 20
 soak: bootstrap
 	SOAK_MINUTES=$(SOAK_MINUTES) $(BIN)/python benchmarks/soak.py
+
+soak-smoke: bootstrap
+	SOAK_MINUTES=3 SOAK_FLAP_S=0 $(BIN)/python benchmarks/soak.py --output $(LAB)/soak-smoke.json
 
 # molecule's test sequence for the scenario $(1), one step at a time, destroy
 # running whatever happens and removing the controller files $(2) with it.

@@ -17,7 +17,8 @@ Parts, in this order (``--only`` picks some):
 bench.json holds the headline ratios with the two times each was made of, the
 profile breakdowns, the machine (CPUs, load average at the start of the run and
 of each part), the git commit, and each part's whole result. A part that fails
-is recorded with its error and the others still run; the exit code is then 1.
+is recorded with its error and the others still run; the exit code is then 1. A part
+that returns without its figures (benchmarks/_measured.py) failed: it measured nothing.
 With ``--lock FILE`` (or ``LOCALINFERENCE_LAB_LOCK``) the lab parts run holding
 ``flock`` on FILE, the lock other users of the shared lab take.
 
@@ -53,6 +54,7 @@ from benchmarks import (
     rollout_noop,
     watchdog_recovery,
 )
+from benchmarks._measured import MEASURES, unmeasured
 from lab.harness import LAB_DIR, ROOT, LabError, lab_up
 
 PARTS = ("verify", "rollout", "watchdog", "noop", "kv", "growth")
@@ -172,6 +174,10 @@ def run_part(
         except Exception as err:  # a bug in a benchmark: recorded, the other parts still run
             traceback.print_exc()
             result = {"error": f"{type(err).__name__}: {err}"}
+    missing = [] if "error" in result else unmeasured(result, MEASURES[name])
+    if missing:  # a part that ran without its figures measured nothing: a failure, not a pass
+        print(f"{name} failed: measured nothing for {', '.join(missing)}", file=sys.stderr, flush=True)
+        result = {"error": f"measured nothing for {', '.join(missing)}", "result": result}
     result.setdefault("load_at_start", load)
     result["load_during"] = sampler.summary()
     if "error" in result:
@@ -214,6 +220,8 @@ def main() -> int:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         parser.error(f"--only: unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    if not parts:
+        parser.error(f"--only: no part named; choose from {', '.join(PARTS)}")
 
     document: dict[str, Any] = {
         "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._measured import exit_code
 from benchmarks._profile import breakdown, format_breakdown, profiled
 from lab.harness import (
     HEAD,
@@ -378,7 +379,7 @@ def main() -> int:
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0 if ok(result) else 1
+    return exit_code("rollout", result, ok(result))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import first_token
+from benchmarks._measured import exit_code
 from benchmarks._profile import profiled
 from benchmarks.rollout_noop import FACTS_PLAY, module_runs, profiled_play
 from lab.harness import (
@@ -227,7 +228,7 @@ def main() -> int:
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return exit_code("growth", result)
 
 
 if __name__ == "__main__":

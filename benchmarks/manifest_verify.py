@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._measured import exit_code
 from lab import harness
 
 m = harness.module_utils("weights._manifest")
@@ -306,7 +307,7 @@ def main() -> int:
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return exit_code("verify", result)
 
 
 if __name__ == "__main__":

@@ -2,18 +2,29 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A bounded soak of the lab's endpoint with agent-shaped traffic, one wedge and one link flap.
 
-``SOAK_SESSIONS`` (2-4, default 3) sessions talk to the lab's ingress with its key for
-``SOAK_MINUTES`` (default 20) as a coding agent does: OpenAI chat completions, streamed, with
-opencode's tools offered; a tool call is answered with a tool result and the conversation goes
-on, each turn adding a part of a file, until its prompt nears the served ``max_model_len``,
-then a new conversation starts. Every request has a deadline (``SOAK_DEADLINE_S``, default 30 s).
-At fixed fractions of the run one wedge is caused (``kill -STOP`` of the worker's TP rank,
-left to the head's watchdog; ``kill -CONT`` only when it did not recover it) and one link flap
-(the worker's cluster link down for ``SOAK_FLAP_S``, default 20 s, then up, always).
+``SOAK_SESSIONS`` (2-4, default 3) sessions talk to the lab's ingress for ``SOAK_MINUTES``
+(default 20) as a coding agent does: TLS verified against the ingress's CA, the key, the
+collection's own connection helper (benchmarks/_soak_client.py), OpenAI chat completions,
+streamed, with opencode's tools offered; a tool call is answered with a tool result and the
+conversation goes on, each turn adding a part of a file, until its prompt nears the served
+``max_model_len``, then a new conversation starts. Every request has a deadline
+(``SOAK_DEADLINE_S``, default 30 s); a 503 (or 429) with Retry-After is a deferral: the session
+waits as told (at most 30 s) and asks again, and it is counted apart from failures.
 
-Writes ``.lab/soak.json`` (availability, failed requests, time to first token p50/p95 before,
-during and after each fault, the watchdog's incidents of the run) and every request to
-``.lab/soak-requests.jsonl``. Stops by itself; talks only to loopback and lab addresses.
+Before any fault the endpoint must stream a token within ``SOAK_READY_S`` (default 120 s);
+otherwise the soak stops at once with the error and exit 1, and writes no availability. At
+fixed fractions of the run one wedge is caused (``kill -STOP`` of the worker's TP rank, left
+to the head's watchdog; ``kill -CONT`` only when it did not recover it) and one link flap (the
+worker's cluster link down for ``SOAK_FLAP_S``, default 20 s, then up, always; 0: no flap).
+No fault is caused unless a request was answered before it.
+
+Writes ``.lab/soak.json`` (availability overall and outside fault windows, deferred and failed
+requests, time to first token p50/p95 before, during and after each fault, the watchdog's
+incidents of the run) and every request to ``.lab/soak-requests.jsonl``. Exits 1 when nothing
+was measured, a fault was not caused or not recovered, availability outside fault windows is
+below ``SOAK_MIN_AVAILABILITY`` (percent, default 99.0) or nothing streams after the run.
+Stops by itself; talks only to loopback and lab addresses (``SOAK_ENDPOINT``, ``SOAK_CA_FILE``,
+``SOAK_KEY_FILE`` point it elsewhere on them).
 
     SOAK_MINUTES=6 .venv/bin/python benchmarks/soak.py [--output .lab/soak.json]
 """
@@ -22,37 +33,31 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import http.client
-import ipaddress
 import json
 import os
 import random
 import sys
 import threading
 import time
-import urllib.parse
-from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import _faults as faults
-from lab.harness import (
-    CLUSTER_ADDRESSES,
-    LAB_DIR,
-    MODEL,
-    ROOT,
-    LabError,
-    auth_headers,
-    endpoint,
-    lab_up,
-    module_utils,
+from benchmarks._soak_client import (
+    RETRY_AFTER_MAX,
+    NeverAnswered,
+    Refused,
+    Target,
+    first_answer,
     served_max_model_len,
-    streams_a_token,
+    stream_chat,
+    target_from_env,
 )
+from benchmarks._soak_summary import Request, summarise, summary_lines, verdict
+from lab.harness import LAB_DIR, MODEL, ROOT, LabError, lab_up
 
 WEDGE_AT, FLAP_AT = 0.2, 0.65
 # After the run: how long the watchdog has to bring a token back (the lab's
@@ -103,197 +108,6 @@ TOOLS = [
 ]
 
 
-@dataclass
-class Request:
-    """One request of the soak; times in seconds from the run's start."""
-
-    session: int
-    conversation: int
-    turn: int
-    started: float
-    seconds: float
-    ok: bool
-    ttft: float | None = None
-    kind: str = ""  # tool_call | answer
-    prompt_tokens: int | None = None
-    error: str | None = None
-
-
-# --- the summary (pure) --------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0-100) by linear interpolation between closest ranks; None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def window(requests: Sequence[Request], start: float, end: float | None) -> dict[str, Any]:
-    """Requests started in ``[start, end)``: how many, the share answered, TTFT p50/p95."""
-    inside = [r for r in requests if r.started >= start and (end is None or r.started < end)]
-    ttfts = [r.ttft for r in inside if r.ttft is not None]
-    answered = sum(r.ok for r in inside)
-
-    def shown(value: float | None) -> float | None:
-        return None if value is None else round(value, 3)
-
-    return {
-        "from_s": round(start, 1),
-        "to_s": None if end is None else round(end, 1),
-        "requests": len(inside),
-        "answered": answered,
-        "availability": round(answered / len(inside), 4) if inside else None,
-        "ttft_p50_s": shown(percentile(ttfts, 50)),
-        "ttft_p95_s": shown(percentile(ttfts, 95)),
-    }
-
-
-def recovered_at(requests: Sequence[Request], ended: float) -> float | None:
-    """The start of the first answered request begun at or after the fault ended."""
-    starts = [r.started for r in requests if r.ok and r.started >= ended]
-    return min(starts) if starts else None
-
-
-def incident_counts(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The watchdog's incidents of the run: wedges judged, recoveries made and failed."""
-    return {
-        "wedges_detected": sum(
-            r.get("verdict") == "wedged" and r.get("outcome") not in ("recovered", "failed")
-            for r in records
-        ),
-        "recoveries": sum(r.get("outcome") == "recovered" for r in records),
-        "recoveries_failed": sum(r.get("outcome") == "failed" for r in records),
-        "by_verdict": dict(Counter(str(r.get("verdict")) for r in records)),
-        "actions": dict(Counter(str(r.get("action")) for r in records)),
-    }
-
-
-def summarise(
-    requests: Sequence[Request],
-    fault_times: Sequence[dict[str, Any]],
-    records: Sequence[dict[str, Any]],
-) -> dict[str, Any]:
-    """The soak's result from its requests, its faults (``name``, ``injected``, ``ended`` in
-    seconds from the start, in order) and the watchdog's incident records of the run.
-
-    Around each fault: ``before`` from the previous fault's recovery (or the start) to the
-    injection, ``during`` from the injection to the recovery (the first answered request begun
-    after the fault ended), ``after`` from the recovery to the next injection (or the end).
-    """
-    answered = sum(r.ok for r in requests)
-    ttfts = [r.ttft for r in requests if r.ttft is not None]
-    result: dict[str, Any] = {
-        "requests": len(requests),
-        "answered": answered,
-        "failed": len(requests) - answered,
-        "availability": round(answered / len(requests), 4) if requests else None,
-        "tool_calls": sum(r.kind == "tool_call" for r in requests),
-        "conversations": len({(r.session, r.conversation) for r in requests}),
-        "ttft_p50_s": None if not ttfts else round(percentile(ttfts, 50) or 0, 3),
-        "ttft_p95_s": None if not ttfts else round(percentile(ttfts, 95) or 0, 3),
-        "errors": dict(Counter(r.error for r in requests if r.error)),
-        "faults": {},
-    }
-    previous = 0.0
-    for index, fault in enumerate(fault_times):
-        later = fault_times[index + 1]["injected"] if index + 1 < len(fault_times) else None
-        back = recovered_at(requests, fault["ended"])
-        result["faults"][fault["name"]] = {
-            **{k: v for k, v in fault.items() if k not in ("name",)},
-            "recovered": None if back is None else round(back, 1),
-            "outage_seconds": None if back is None else round(back - fault["injected"], 1),
-            "before": window(requests, previous, fault["injected"]),
-            "during": window(requests, fault["injected"], back),
-            "after": None if back is None else window(requests, back, later),
-        }
-        previous = back if back is not None else fault["injected"]
-    result["incidents"] = incident_counts(records)
-    return result
-
-
-# --- the traffic ---------------------------------------------------------------
-
-
-def check_address(url: str) -> None:
-    """Only loopback and the lab's own addresses: the soak never sends traffic elsewhere."""
-    host = urllib.parse.urlsplit(url).hostname or ""
-    lab = set(CLUSTER_ADDRESSES.values())
-    try:
-        allowed = ipaddress.ip_address(host).is_loopback or host in lab
-    except ValueError:
-        allowed = host == "localhost"
-    if not allowed:
-        raise LabError(f"the soak talks only to loopback and the lab's addresses, not {host!r} ({url})")
-
-
-def stream_chat(url: str, body: dict[str, Any], headers: dict[str, str], deadline: float) -> dict[str, Any]:
-    """POST a streamed chat completion; the whole exchange ends by ``deadline`` seconds.
-
-    Returns ``{ttft, message: {content, tool_calls}, finish_reason, prompt_tokens}``;
-    raises ``TimeoutError`` past the deadline, ``RuntimeError`` on any other failure.
-    """
-    sse_token = module_utils("serve._ready").sse_token
-    parts = urllib.parse.urlsplit(url)
-    started = time.monotonic()
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=deadline)
-    try:
-        conn.connect()
-        sock = conn.sock
-        assert sock is not None
-        conn.request("POST", parts.path, body=json.dumps(body),
-                     headers={"Content-Type": "application/json", **headers})
-        sock.settimeout(max(0.1, deadline - (time.monotonic() - started)))
-        response = conn.getresponse()
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}")
-        ttft, content, calls, finish, usage = None, [], {}, None, None
-        while True:
-            left = deadline - (time.monotonic() - started)
-            if left <= 0:
-                raise TimeoutError
-            sock.settimeout(left)
-            raw = response.readline(1 << 20)
-            if not raw:
-                break
-            line = raw.decode("utf-8", "replace").strip()
-            if ttft is None and sse_token(line):
-                ttft = time.monotonic() - started
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") or {}
-                content.append(delta.get("content") or "")
-                for call in delta.get("tool_calls") or []:
-                    entry = calls.setdefault(call.get("index", 0), {"id": "", "name": "", "arguments": ""})
-                    function = call.get("function") or {}
-                    entry["id"] = call.get("id") or entry["id"]
-                    entry["name"] += function.get("name") or ""
-                    entry["arguments"] += function.get("arguments") or ""
-                finish = choice.get("finish_reason") or finish
-        if finish is None:
-            raise RuntimeError("the stream ended without a finish_reason")
-        return {
-            "ttft": ttft,
-            "content": "".join(content),
-            "tool_calls": [calls[i] for i in sorted(calls)],
-            "finish_reason": finish,
-            "prompt_tokens": (usage or {}).get("prompt_tokens"),
-        }
-    except TimeoutError:
-        raise
-    except (OSError, ValueError, http.client.HTTPException) as err:
-        raise RuntimeError(type(err).__name__) from None
-    finally:
-        conn.close()
-
-
 def tool_result(call: dict[str, Any]) -> str:
     """What the agent's tool would return: the checkout's own listing for ``read`` of a directory."""
     if call["name"] == "read":
@@ -330,9 +144,12 @@ class Session(threading.Thread):
         for turn in range(1, 64):
             if soak.over():
                 return False
-            reply, error = soak.send(self.number, number, turn, messages)
-            if error and error.startswith("HTTP 400"):  # refused (too long): a new conversation
+            reply, record = soak.send(self.number, number, turn, messages)
+            if record.error and record.error.startswith("HTTP 400"):  # refused (too long): a new conversation
                 return True
+            if record.deferred:  # told to wait: as long as it says (bounded), then the same turn
+                soak.pause(record.retry_after or 1.0)
+                continue
             if reply is None:  # failed: the agent retries the same turn
                 soak.pause(2.0)
                 continue
@@ -356,18 +173,18 @@ class Session(threading.Thread):
 
 
 class Soak:
-    def __init__(self, minutes: float, sessions: int, deadline: float, flap_seconds: float) -> None:
-        self.seconds, self.sessions, self.deadline = minutes * 60, sessions, deadline
+    def __init__(self, target: Target, minutes: float, sessions: int, deadline: float,
+                 flap_seconds: float) -> None:
+        self.target, self.seconds, self.sessions, self.deadline = target, minutes * 60, sessions, deadline
         self.flap_seconds = flap_seconds
-        self.url = f"{endpoint()}/chat/completions"
-        check_address(self.url)
-        self.headers = auth_headers()
-        self.max_model_len = served_max_model_len() or 4096
+        self.planned = ["wedge"] + (["link_flap"] if flap_seconds else [])
+        self.max_model_len = served_max_model_len(target) or 4096
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.requests: list[Request] = []
         self.faults: list[dict[str, Any]] = []
         self.notes: list[str] = []
+        self.never_answered: str | None = None
         self.start = self.start_epoch = 0.0
 
     def now(self) -> float:
@@ -381,37 +198,53 @@ class Soak:
 
     def send(
         self, session: int, conversation: int, turn: int, messages: list[dict[str, Any]]
-    ) -> tuple[dict[str, Any] | None, str | None]:
+    ) -> tuple[dict[str, Any] | None, Request]:
         body = {"model": MODEL, "messages": messages, "tools": TOOLS, "tool_choice": "auto",
                 "max_tokens": MAX_TOKENS, "stream": True, "stream_options": {"include_usage": True}}
         started = self.now()
-        reply, error = None, None
+        reply, error, deferred, wait = None, None, False, None
         try:
-            reply = stream_chat(self.url, body, self.headers, self.deadline)
+            reply = stream_chat(self.target, body, self.deadline)
         except TimeoutError:
             error = f"no answer within the {self.deadline:g} s deadline"
+        except Refused as err:
+            error, deferred, wait = str(err), err.deferred, err.retry_after
         except RuntimeError as err:
             error = str(err)
         kind = "" if reply is None else "tool_call" if reply["tool_calls"] else "answer"
         record = Request(session, conversation, turn, round(started, 3), round(self.now() - started, 3),
                          reply is not None, None if reply is None or reply["ttft"] is None
                          else round(reply["ttft"], 3), kind,
-                         None if reply is None else reply["prompt_tokens"], error)
+                         None if reply is None else reply["prompt_tokens"], error, deferred,
+                         None if wait is None else min(wait, RETRY_AFTER_MAX))
         with self.lock:
             self.requests.append(record)
-        return reply, error
+        return reply, record
 
     # --- the faults --------------------------------------------------------
+    def answered_yet(self) -> bool:
+        """A request was answered: no fault is caused on an endpoint that never served."""
+        with self.lock:
+            if any(r.ok for r in self.requests):
+                return True
+            errors = [r.error for r in self.requests if r.error]
+        self.never_answered = (f"{len(errors)} request(s), none answered; the last: {errors[-1]}"
+                               if errors else "no request finished")
+        self.stop.set()
+        return False
+
     def faults_run(self) -> None:
         try:
             self.pause(WEDGE_AT * self.seconds - self.now())
-            if not self.over():
+            if not self.over() and self.answered_yet():
                 self.wedge()
+            if not self.flap_seconds or self.never_answered:
+                return
             # Not before the watchdog has ended the wedge: one fault at a time.
             self.pause(FLAP_AT * self.seconds - self.now())
-            if self.now() + self.flap_seconds < self.seconds and not self.over():
+            if self.now() + self.flap_seconds < self.seconds and not self.over() and self.answered_yet():
                 self.flap()
-            else:
+            elif not self.never_answered:
                 self.notes.append("the link flap did not fit before the end of the run")
         except LabError as err:
             self.notes.append(f"a fault could not be caused: {err}")
@@ -429,8 +262,11 @@ class Soak:
             if recovered is None or recovered["outcome"] != "recovered":
                 faults.cont_rank(pids)
                 self.notes.append("the watchdog did not recover the wedge: the rank got kill -CONT")
+        # The window ends when the watchdog recorded its outcome (or at the kill -CONT).
+        ended_epoch = float((recovered or {}).get("epoch") or 0) or time.time()
         self.faults.append({"name": "wedge", "planned": round(WEDGE_AT * self.seconds, 1),
                             "injected": round(injected, 1), "ended": round(injected, 1),
+                            "window_end": round(max(injected, ended_epoch - self.start_epoch), 1),
                             "injected_epoch": round(injected_epoch, 3),
                             "watchdog_outcome": None if recovered is None else recovered["outcome"]})
 
@@ -458,9 +294,12 @@ class Soak:
         finally:
             self.stop.set()  # also on Ctrl-C: the fault thread puts the lab back
             fault_thread.join(timeout=120)
+        if self.never_answered:
+            raise NeverAnswered(self.never_answered)
         time.sleep(2)  # the watchdog's last record of the run
         records = faults.incidents(self.start_epoch)
         result = summarise(self.requests, self.faults, records)
+        result["planned_faults"] = self.planned
         result["incident_records"] = [
             {k: r.get(k) for k in ("time", "verdict", "action", "outcome", "detect_seconds",
                                    "recover_seconds", "evidence")} for r in records]
@@ -468,14 +307,14 @@ class Soak:
         return result
 
 
-def put_back() -> dict[str, Any]:
+def put_back(target: Target) -> dict[str, Any]:
     """The lab serving after the run: left to the watchdog first; a plain restart of the units
     only when nothing streams within ``PUT_BACK_WAIT`` (its budget spent, or its restart failed)."""
-    deadline = time.monotonic() + PUT_BACK_WAIT
-    while time.monotonic() < deadline:
-        if streams_a_token(timeout=20):
-            return {"streams": True, "restarted_by_hand": False}
-        time.sleep(5)
+    try:
+        first_answer(target, within=PUT_BACK_WAIT, deadline=20, every=5)
+        return {"streams": True, "restarted_by_hand": False}
+    except NeverAnswered:
+        pass
     try:
         faults.plain_restart()
     except LabError as err:
@@ -483,29 +322,9 @@ def put_back() -> dict[str, Any]:
     return {"streams": True, "restarted_by_hand": True}
 
 
-def summary_lines(document: dict[str, Any]) -> str:
-    lines = [
-        f"soak: {document['minutes']:g} min, {document['sessions']} sessions, deadline"
-        f" {document['deadline_s']:g} s: {document['requests']} requests, {document['failed']} failed,"
-        f" availability {document['availability']:.2%}, TTFT p50 {document['ttft_p50_s']} s"
-        f" p95 {document['ttft_p95_s']} s, {document['tool_calls']} tool calls in"
-        f" {document['conversations']} conversations",
-    ]
-    for name, fault in document["faults"].items():
-        lines.append(f"{name} at {fault['injected']:.0f} s: outage {fault['outage_seconds']} s (client side)")
-        for phase in ("before", "during", "after"):
-            w = fault[phase]
-            if w:
-                lines.append(f"  {phase:<6} {w['requests']:>4} requests, availability {w['availability']},"
-                             f" TTFT p50 {w['ttft_p50_s']} s p95 {w['ttft_p95_s']} s")
-    counts = document["incidents"]
-    lines.append(f"watchdog: {counts['wedges_detected']} wedges detected, {counts['recoveries']} recoveries,"
-                 f" {counts['recoveries_failed']} failed; verdicts {counts['by_verdict']}")
-    after = document["after"]
-    lines.append(f"after the run: streams {after['streams']}, restarted by hand {after['restarted_by_hand']},"
-                 f" watchdog active {after['watchdog_active']}")
-    lines += [f"note: {note}" for note in document["notes"]]
-    return "\n".join(lines)
+def requests_log(output: Path) -> Path:
+    """Every request of the run, beside its result: soak.json -> soak-requests.jsonl."""
+    return output.with_name(f"{output.stem}-requests.jsonl")
 
 
 def env_number(name: str, default: float) -> float:
@@ -521,7 +340,12 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=env_number("SOAK_MINUTES", 20))
     parser.add_argument("--sessions", type=int, default=int(env_number("SOAK_SESSIONS", 3)))
     parser.add_argument("--deadline", type=float, default=env_number("SOAK_DEADLINE_S", 30))
-    parser.add_argument("--flap-seconds", type=float, default=env_number("SOAK_FLAP_S", 20))
+    parser.add_argument("--flap-seconds", type=float, default=env_number("SOAK_FLAP_S", 20),
+                        help="the link flap's length; 0: no link flap")
+    parser.add_argument("--ready-seconds", type=float, default=env_number("SOAK_READY_S", 120),
+                        help="how long the endpoint has to stream a first token before any fault")
+    parser.add_argument("--min-availability", type=float, default=env_number("SOAK_MIN_AVAILABILITY", 99.0),
+                        help="the floor (percent) of availability outside fault windows")
     parser.add_argument("--output", type=Path, default=LAB_DIR / "soak.json")
     parser.add_argument("--lock", default=os.environ.get("LOCALINFERENCE_LAB_LOCK") or None,
                         help="hold flock on this file while the soak runs (the shared lab's lock)")
@@ -530,8 +354,23 @@ def main() -> int:
         parser.error("--sessions (SOAK_SESSIONS) must be 2-4")
     if not 2 <= args.minutes <= 240:
         parser.error("--minutes (SOAK_MINUTES) must be 2-240")
-    if not 5 <= args.deadline <= 300 or not 1 <= args.flap_seconds <= 120:
-        parser.error("--deadline must be 5-300 s and --flap-seconds 1-120 s")
+    if not 5 <= args.deadline <= 300 or not (args.flap_seconds == 0 or 1 <= args.flap_seconds <= 120):
+        parser.error("--deadline must be 5-300 s and --flap-seconds 0 (none) or 1-120 s")
+    if not 1 <= args.ready_seconds <= 900 or not 0 <= args.min_availability <= 100:
+        parser.error("--ready-seconds (SOAK_READY_S) must be 1-900 s, --min-availability 0-100 %")
+    try:
+        target = target_from_env()
+        # As a client, before anything touches the lab: a soak of an endpoint that never
+        # answers would only measure its own misconfiguration.
+        ready = first_answer(target, within=args.ready_seconds, deadline=min(args.deadline, args.ready_seconds))
+    except NeverAnswered as err:
+        print(f"soak: the endpoint never answered before any fault: {err}", file=sys.stderr)
+        return 1
+    except LabError as err:
+        print(f"soak: {err}", file=sys.stderr)
+        return 2
+    print(f"soak: {target.chat_url} answered (first token in {ready['ttft_s']} s, {ready['attempts']}"
+          " attempt(s)); the soak starts", flush=True)
     if not lab_up():
         print("needs the lab hosts spark-head and spark-worker running (make lab)", file=sys.stderr)
         return 2
@@ -540,39 +379,47 @@ def main() -> int:
 
     try:
         with lab_lock(args.lock):
-            document = soak_run(args)
+            document = soak_run(args, target)
+    except NeverAnswered as err:
+        print(f"soak: the endpoint never answered before any fault: {err}", file=sys.stderr)
+        return 1
     except LabError as err:
-        print(err, file=sys.stderr)
+        print(f"soak: {err}", file=sys.stderr)
         return 1
     print(summary_lines(document))
-    print(f"written: {args.output} (every request: {args.output.with_name('soak-requests.jsonl')})")
-    return 0 if document["after"]["streams"] else 1
+    print(f"written: {args.output} (every request: {requests_log(args.output)})")
+    failures = verdict(document, args.min_availability)
+    for failure in failures:
+        print(f"soak failed: {failure}", file=sys.stderr)
+    return 1 if failures else 0
 
 
-def soak_run(args: argparse.Namespace) -> dict[str, Any]:
+def soak_run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     """The soak once the lab is watched and serving; writes soak.json and the request log."""
     from benchmarks.bench import LoadSampler, git_commit, machine
 
     ready = faults.wait_watched_and_serving()
     if ready["budget_left"] is not None and ready["budget_left"] < 1:
         raise LabError("the watchdog's restart budget is spent: the wedge would only page")
-    soak = Soak(args.minutes, args.sessions, args.deadline, args.flap_seconds)
+    soak = Soak(target, args.minutes, args.sessions, args.deadline, args.flap_seconds)
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with LoadSampler() as load:
         result = soak.run()
     document = {
         "started_at": started_at,
         "minutes": args.minutes, "sessions": args.sessions, "deadline_s": args.deadline,
-        "flap_seconds": args.flap_seconds, "endpoint": soak.url, "max_model_len": soak.max_model_len,
+        "flap_seconds": args.flap_seconds, "min_availability_percent": args.min_availability,
+        "endpoint": target.chat_url, "ca_file": target.ca_file, "max_model_len": soak.max_model_len,
         "machine": machine(), "load_during": load.summary(), "git": git_commit(),
         **result,
     }
-    document["after"] = {**put_back(), "watchdog_active": faults.watchdog_active()}
+    document["after"] = {**put_back(target), "watchdog_active": faults.watchdog_active()}
     if document["after"]["restarted_by_hand"]:
         document["notes"].append("nothing streamed after the run: the units were restarted by hand")
+    document["failures"] = verdict(document, args.min_availability)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(document, indent=2) + "\n")
-    log = args.output.with_name("soak-requests.jsonl")
+    log = requests_log(args.output)
     log.write_text("".join(json.dumps(asdict(r)) + "\n" for r in soak.requests))
     return document
 

@@ -43,6 +43,7 @@ from benchmarks._faults import (
     wait_watched_and_serving,
     watchdog_active,
 )
+from benchmarks._measured import exit_code
 from lab.harness import HEAD, WORKER, LabError, exec_on, lab_up
 
 DETECT_GOAL_INTERVALS = 2.0
@@ -213,7 +214,7 @@ def main() -> int:
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return exit_code("watchdog", result)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The soak's pure summary (benchmarks/soak.py): percentiles, availability, the windows
+"""The soak's pure summary (benchmarks/_soak_summary.py): percentiles, availability, the windows
 around each fault and the counts of the watchdog's incidents; the watchdog part's reading of
 the watchdog's Prometheus text and journal (benchmarks/_faults.py, watchdog_recovery.py). No lab."""
 
@@ -9,7 +9,15 @@ from __future__ import annotations
 import pytest
 
 from benchmarks._faults import parse_metrics, watchdog_verdict
-from benchmarks.soak import Request, check_address, incident_counts, percentile, summarise
+from benchmarks._soak_client import check_address
+from benchmarks._soak_summary import (
+    Request,
+    incident_counts,
+    percentile,
+    summarise,
+    summary_lines,
+    verdict,
+)
 from benchmarks.watchdog_recovery import restart_steps
 from lab.harness import LabError
 
@@ -59,8 +67,8 @@ def test_windows_around_a_wedge_and_a_flap():
     wedge, flap = result["faults"]["wedge"], result["faults"]["link_flap"]
     assert (wedge["recovered"], wedge["outage_seconds"]) == (16, 6)
     assert wedge["before"]["requests"] == 10 and wedge["before"]["ttft_p50_s"] == 0.2
-    assert wedge["during"] == {"from_s": 10, "to_s": 16, "requests": 3, "answered": 0,
-                               "availability": 0.0, "ttft_p50_s": None, "ttft_p95_s": None}
+    assert wedge["during"] == {"from_s": 10, "to_s": 16, "requests": 3, "answered": 0, "deferred": 0,
+                               "failed": 3, "availability": 0.0, "ttft_p50_s": None, "ttft_p95_s": None}
     assert wedge["after"]["requests"] == 14 and wedge["after"]["to_s"] == 30
     # The flap's "before" is the wedge's "after": from the wedge's recovery to the flap.
     assert flap["before"] == wedge["after"]
@@ -69,6 +77,10 @@ def test_windows_around_a_wedge_and_a_flap():
     assert flap["after"]["ttft_p50_s"] == pytest.approx(1.7)
     assert flap["after"]["ttft_p95_s"] == pytest.approx(2.87)
     assert result["errors"] == {"no answer within the 30 s deadline": 5}
+    # Outside [10, 16) and [30, 36): every request answered.
+    assert wedge["window"] == [10, 16] and flap["window"] == [30, 36]
+    assert result["outside_fault_windows"] == {"requests": 26, "answered": 26, "deferred": 0, "failed": 0,
+                                               "availability": 1.0}
 
 
 def test_a_fault_never_recovered_has_no_after_window():
@@ -144,3 +156,90 @@ def test_the_watchdogs_restart_steps_from_its_journal():
     assert restart_steps(JOURNAL, 1796301521.0) == [
         {"node": "spark-worker", "step": "start", "seconds": 0.92},
         {"node": "spark-head", "step": "start", "seconds": 1.93}]
+
+
+def deferred(started: float) -> Request:
+    return Request(session=1, conversation=1, turn=1, started=started, seconds=0.01, ok=False,
+                   error="HTTP 503: the engine is restarting", deferred=True, retry_after=5.0)
+
+
+def test_told_to_wait_is_deferred_not_failed():
+    result = summarise([req(0), deferred(1), deferred(2), req(3, ok=False), req(4)], [], [])
+    assert (result["answered"], result["deferred"], result["failed"]) == (2, 2, 1)
+    assert result["availability"] == round(2 / 3, 4)
+    assert result["deferrals"] == {"HTTP 503: the engine is restarting": 2}
+    assert result["errors"] == {"no answer within the 30 s deadline": 1}
+
+
+def test_only_deferred_requests_measure_no_availability():
+    result = summarise([deferred(1), deferred(2)], [], [])
+    assert (result["availability"], result["availability_outside_faults"]) == (None, None)
+
+
+def test_the_window_runs_to_the_watchdogs_recovery_when_a_client_was_answered_earlier():
+    # Answered at 10.5 (in flight as the rank stopped), then failures until the watchdog's
+    # recovery at 40: those failures belong to the wedge, not to the steady state.
+    requests = [req(5), req(10.5), req(12, ok=False), req(30, ok=False), req(41), req(50)]
+    fault = {"name": "wedge", "injected": 10.0, "ended": 10.0, "window_end": 40.0}
+    result = summarise(requests, [fault], [])
+    assert result["faults"]["wedge"]["window"] == [10, 40]
+    assert result["outside_fault_windows"]["requests"] == 3
+    assert result["availability_outside_faults"] == 1.0
+
+
+def test_a_fault_never_recovered_keeps_its_window_open_to_the_end():
+    result = summarise([req(0), req(5, ok=False), req(9, ok=False)],
+                       [{"name": "wedge", "injected": 4.0, "ended": 4.0}], [])
+    assert result["faults"]["wedge"]["window"] == [4, None]
+    assert result["outside_fault_windows"]["requests"] == 1
+
+
+def document(**changes):
+    base = summarise([req(t) for t in range(0, 40)] + [req(11, ok=False)],
+                     [{"name": "wedge", "injected": 10.0, "ended": 10.0, "window_end": 12.0,
+                       "watchdog_outcome": "recovered"}], [])
+    base.update(planned_faults=["wedge"], after={"streams": True, "restarted_by_hand": False,
+                                                 "watchdog_active": True},
+                minutes=1, sessions=2, deadline_s=30, notes=[])
+    base.update(changes)
+    return base
+
+
+@pytest.mark.parametrize(
+    ("changes", "floor", "failures"),
+    [
+        ({}, 99.0, []),
+        ({"planned_faults": ["wedge", "link_flap"]}, 99.0, ["the link_flap was planned and never caused"]),
+        ({"availability_outside_faults": 0.985}, 99.0,
+         ["availability outside fault windows 98.50% is below the floor 99 %"]),
+        ({"availability_outside_faults": 0.985}, 98.0, []),
+        ({"availability_outside_faults": None}, 99.0, ["no request was measured outside the fault windows"]),
+        ({"after": {"streams": False}}, 99.0, ["nothing streams after the run"]),
+    ],
+)
+def test_verdict(changes, floor, failures):
+    assert verdict(document(**changes), floor) == failures
+
+
+def test_verdict_fails_a_wedge_not_recovered_and_a_run_that_measured_nothing():
+    never = summarise([req(0), req(5, ok=False)], [{"name": "wedge", "injected": 4.0, "ended": 4.0,
+                                                     "watchdog_outcome": None}], [])
+    assert verdict({**never, "planned_faults": ["wedge"]}, 99.0) == [
+        "the wedge at 4 s was not recovered before the end (no request answered after it)",
+        "the watchdog did not recover the wedge (outcome None)",
+    ]
+    empty = summarise([], [], [])
+    assert verdict({**empty, "planned_faults": ["wedge"]}, 99.0) == [
+        "no request was answered or failed: nothing was measured",
+        "the wedge was planned and never caused",
+        "no request was measured outside the fault windows",
+    ]
+
+
+def test_the_report_never_prints_an_availability_it_did_not_measure():
+    text = summary_lines({**summarise([deferred(1)], [], []), "minutes": 3, "sessions": 2,
+                          "deadline_s": 30, "notes": []})
+    assert "availability not measured, outside fault windows not measured" in text
+    assert "%" not in text
+    measured = summary_lines(document())
+    assert "availability 97.56%, outside fault windows 100.00%" in measured
