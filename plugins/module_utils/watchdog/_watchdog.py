@@ -46,6 +46,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.watchdog impor
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog import (
     _incidents as incidents,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._kernel import (
+    KINDS as KERNEL_KINDS,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog_config import (
     ConfigError,
     load_config,
@@ -296,7 +299,7 @@ class Watchdog:
                 "drift": [k for k in ("mtu", "gid", "link") if k in drift],
                 "psi": node.get("psi_some_avg10"),
                 "memory_short": "memory" in drift,
-                "kernel": {k: self.counts["kernel"].get(f"{name}/{k}", 0) for k in ("xid", "aer", "oom")},
+                "kernel": {k: self.counts["kernel"].get(f"{name}/{k}", 0) for k in KERNEL_KINDS},
                 "unknown": (["node"] if not node.get("reachable") else [])
                 + (["metrics"] if "error" in look["metrics"].get(name, {}) else []),
             }

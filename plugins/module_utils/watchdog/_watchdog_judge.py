@@ -19,6 +19,11 @@ Verdicts (roles/watchdog/README.md):
 - ``degraded``: warn, no action: fabric drift (MTU, GID index, link), kernel events (Xid,
   AER, OOM kill), memory pressure, a first wedge sign, a booting engine, a cluster link
   that is down or runs below its MTU (a restart cannot help while the ranks cannot meet);
+- a kernel event a restart cannot fix (``_kernel``: an Xid whose catalog action is more than
+  restarting the application, an uncorrected fatal PCIe error): the action is ``page``, never a
+  restart, from that look until the endpoint streams a token again;
+- a silent engine whose log shows a kernel compile in progress (``_vllm_compile``), silent for
+  less than vLLM's execute-model timeout: ``degraded``, hold (a restart throws the compile away);
 - ``unknown``: the token probe could not run (no key, no config) or a node did not answer:
   evidence that could not be read never restarts anything;
 - ``healthy``.
@@ -30,6 +35,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_compile import (
+    EXECUTE_MODEL_TIMEOUT_S,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._kernel import (
+    XID_CATALOG,
+)
 
 WEDGE_LOOKS = 2
 F28_FIX = (
@@ -61,11 +72,48 @@ def _restarted(show: Mapping[str, Any], before: Mapping[str, Any] | None) -> boo
     return isinstance(now, int) and isinstance(then, int) and now > then
 
 
+KERNEL_FIXES = {
+    "xid": "look the Xid up in NVIDIA's Xid catalog (" + XID_CATALOG + "); a recurring one needs a node reboot",
+    "aer": "a PCIe error: reseat or replace the card or cable",
+    "oom": "memory ran out: lower gpu_memory_utilization or the KV size (F4)",
+    "gpu_memory": ("the GPU driver could not allocate unified memory, which precedes GB10 freezes: free "
+                   "memory on the node, lower gpu_memory_utilization or the KV size (F4)"),
+}
+NO_RESTART_FIX = ("a restart of the engine cannot fix this: the watchdog pages and does not restart; drain "
+                  "the node and reset or reboot it (a GB10 has no GPU reset: reboot), then check the card, "
+                  "its slot and cable")
+
+
+def kernel_summary(event: Mapping[str, Any]) -> str:
+    """One kernel event in words: the Xid with its meaning, the killed process, the count."""
+    kind = event["kind"]
+    if kind == "xid":
+        return (f"Xid {event.get('xid')} ({event.get('meaning') or 'not in the catalog'}; "
+                f"NVIDIA's immediate action {event.get('catalog_action') or 'unknown'})")
+    if kind == "oom":
+        who = f"{event.get('process')} (pid {event.get('pid')})" if event.get("pid") else "a process"
+        by = f", invoked by {event['invoked_by']}" if event.get("invoked_by") else ""
+        return f"OOM kill of {who}{by}"
+    if kind == "gpu_memory":
+        return f"NV_ERR_NO_MEMORY x{event.get('count', 1)}"
+    return "PCIe error" + (" (uncorrected, the device not recovered)" if event.get("page") else "")
+
+
+def kernel_finding(name: str, event: Mapping[str, Any]) -> dict[str, Any]:
+    """A kernel event as a finding: an error when a restart cannot fix it."""
+    kind = event["kind"]
+    ids = {"xid": "watchdog-xid", "aer": "watchdog-aer", "oom": "F4", "gpu_memory": "F4"}
+    return finding(ids.get(kind, "watchdog-kernel"), "error" if event.get("page") else "warning",
+                   f"{name}: kernel: {kernel_summary(event)}: {event['line'][:200]}",
+                   NO_RESTART_FIX if event.get("page") else KERNEL_FIXES.get(kind, "read the kernel log"),
+                   host=name, kind=kind)
+
+
 def node_signs(name: str, node: Mapping[str, Any], expect: Mapping[str, Any],
                previous: Mapping[str, Any] | None, grace_s: float) -> dict[str, Any]:
     """One node's evidence judged: ``{down, starting, link_down, findings}``."""
     out: dict[str, Any] = {"down": [], "starting": False, "link_down": False, "mtu_low": False,
-                           "findings": []}
+                           "findings": [], "no_restart": []}
     if not node.get("reachable"):
         out["findings"].append(finding(
             "watchdog-evidence", "warning",
@@ -109,13 +157,9 @@ def node_signs(name: str, node: Mapping[str, Any], expect: Mapping[str, Any],
             "fabric stage (--tags fabric) and restart the engine in a quiet moment",
             host=name, kind="gid"))
     for event in node.get("kernel") or []:
-        out["findings"].append(finding(
-            {"xid": "watchdog-xid", "aer": "watchdog-aer", "oom": "F4"}.get(event["kind"], "watchdog-kernel"),
-            "warning", f"{name}: kernel: {event['line'][:240]}",
-            {"xid": "look the Xid up in NVIDIA's Xid catalog; a recurring one needs a node reboot",
-             "aer": "a PCIe error: reseat or replace the card or cable",
-             "oom": "memory ran out: lower gpu_memory_utilization or the KV size (F4)"}.get(event["kind"], ""),
-            host=name, kind=event["kind"]))
+        out["findings"].append(kernel_finding(name, event))
+        if event.get("page"):
+            out["no_restart"].append(f"{name}: {kernel_summary(event)}")
     psi, limit = node.get("psi_some_avg10"), expect.get("psi_limit")
     if isinstance(psi, (int, float)) and isinstance(limit, (int, float)) and psi > limit:
         out["findings"].append(finding(
@@ -209,8 +253,11 @@ def judge(look: Mapping[str, Any], state: Mapping[str, Any], cfg: Mapping[str, A
     signs = _cluster_signs(look, previous, cfg)
     findings = signs["findings"]
     token = look.get("token") or {}
+    signs["compile_hold"] = compile_hold(
+        look, state, cfg.get("execute_model_timeout_s", EXECUTE_MODEL_TIMEOUT_S), now)
     next_state = {"previous": look, "restarts": _budget(state, now, cfg),
-                  "bad_looks": 0, "first_bad_at": None, "ingress_bad_looks": 0}
+                  "bad_looks": 0, "first_bad_at": None, "ingress_bad_looks": 0,
+                  "no_restart": hardware_fault(signs, state, token, now)}
     verdict, target, evidence = _verdict(look, state, previous, signs, next_state)
     if token.get("ok") is True:
         next_state["last_good_at"] = now
@@ -230,11 +277,12 @@ def _cluster_signs(
 ) -> dict[str, Any]:
     """Every node's signs together: findings, units down, starting, link down or short, unreachable."""
     findings: list[dict[str, Any]] = []
-    down, starting, link_down, mtu_low, unreachable = [], False, False, False, []
+    down, starting, link_down, mtu_low, unreachable, no_restart = [], False, False, False, [], []
     for name, node in (look.get("nodes") or {}).items():
         signs = node_signs(name, node, cfg["expect"].get(name, {}),
                            (previous.get("nodes") or {}).get(name), cfg["boot_grace_s"])
         findings += signs["findings"]
+        no_restart += signs["no_restart"]
         down += signs["down"]
         starting |= signs["starting"]
         link_down |= signs["link_down"]
@@ -242,7 +290,35 @@ def _cluster_signs(
         if signs.get("unreachable"):
             unreachable.append(name)
     return {"findings": findings, "down": down, "starting": starting, "link_down": link_down,
-            "mtu_low": mtu_low, "unreachable": unreachable}
+            "mtu_low": mtu_low, "unreachable": unreachable, "no_restart": no_restart}
+
+
+def hardware_fault(signs: Mapping[str, Any], state: Mapping[str, Any], token: Mapping[str, Any],
+                   now: float) -> dict[str, Any] | None:
+    """What the kernel reported that a restart cannot fix, carried from look to look until the
+    endpoint streams a token again: the engine dies after it, and must not then be restarted."""
+    if signs["no_restart"]:
+        return {"since": now, "why": "; ".join(signs["no_restart"])[:400]}
+    carried = state.get("no_restart")
+    return carried if carried and token.get("ok") is not True else None
+
+
+def compile_hold(look: Mapping[str, Any], state: Mapping[str, Any], budget_s: float,
+                 now: float) -> str | None:
+    """Why a silent engine is compiling, not wedged, or None.
+
+    A node's engine log shows a kernel compile started and not ended, and the engine has been
+    silent (since the last streamed token, or the first bad look) for less than vLLM's
+    execute-model timeout: vLLM itself waits that long for the step. Beyond it, a wedge again.
+    """
+    compiling = [(name, node["engine_log"]) for name, node in (look.get("nodes") or {}).items()
+                 if (node.get("engine_log") or {}).get("compiling")]
+    silent = now - (state.get("last_good_at") or state.get("first_bad_at") or now)
+    if not compiling or silent >= budget_s:
+        return None
+    name, log = compiling[0]
+    return (f"{name}: the engine is compiling ({log.get('what')}), silent {silent:.0f} s of the "
+            f"{budget_s:g} s execute-model timeout: holding (a restart would throw the compile away)")
 
 
 def _verdict(
@@ -283,6 +359,9 @@ def _verdict(
                 f"filled its KV cache by {filled:.2g} points (a long prefill)")
         evidence = (f"no token within {token.get('deadline_s')} s, but the engine {work} "
                     "since the last look: saturated, not wedged")
+    elif (wedge or no_answer) and signs["compile_hold"]:
+        next_state.update(bad_looks=int(state.get("bad_looks", 0)) + 1, first_bad_at=state.get("first_bad_at") or now)
+        verdict, evidence = "degraded", signs["compile_hold"]
     elif wedge or no_answer:
         return _engine_silent(wedge, engine, state, signs["findings"], next_state, now)
     elif token.get("ok") is False and engine.get("token_ok") is True:
@@ -341,7 +420,14 @@ def _action(
     next_state: Mapping[str, Any],
     cfg: Mapping[str, Any],
 ) -> str:
-    """restart, restart-ingress, page (no recovery, or the budget is spent), hold or none."""
+    """restart, restart-ingress, page (no recovery, the budget is spent, or the kernel reported
+    what a restart cannot fix), hold or none."""
+    fault = next_state.get("no_restart")
+    if fault and (signs["no_restart"] or (verdict in ("wedged", "down") and target == "engine")):
+        signs["findings"].append(finding(
+            "watchdog-no-restart", "error", f"a restart cannot fix what the kernel reported: {fault['why']}",
+            NO_RESTART_FIX))
+        return "page"
     if verdict in ("wedged", "down"):
         if not cfg["recover"]:
             return "page"
@@ -355,6 +441,7 @@ def _action(
         return "restart-ingress" if target == "ingress" else "restart"
     if verdict == "degraded" and token.get("ok") is not True and (
         signs["link_down"] or signs["mtu_low"] or signs["unreachable"] or signs["starting"]
+        or signs["compile_hold"]
     ):
         return "hold"
     return "none"

@@ -17,12 +17,17 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common import _files
+from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
+    CommandError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_compile import (
+    compile_state,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._rdma_facts import (
     live_roce_v2_index,
 )
@@ -42,18 +47,13 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._state i
     check_document,
     read_text,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._kernel import parse_kmsg
 
 VERBS = ("probe", "stop", "verify", "start")
 SHOW = ("Id", "LoadState", "ActiveState", "SubState", "Result", "NRestarts",
         "ActiveEnterTimestampMonotonic")
-# Kernel log lines worth a warning (sources in tests/unit/fixtures/watchdog/README.md).
-KERNEL_EVENTS = (
-    ("xid", re.compile(r"NVRM: Xid \(|fallen off the bus")),
-    ("aer", re.compile(r"\bAER: .*(error|Error)")),
-    ("oom", re.compile(r"[Oo]ut of memory: Killed process")),
-)
 MAX_KMSG_RECORDS = 20000
-MAX_EVENTS = 20
+ENGINE_LOG_LINES = 400
 
 
 class NodeError(ValueError):
@@ -79,34 +79,19 @@ def parse_command(text: str | None) -> tuple[str, int | None, list[str]]:
     return verb, None, []
 
 
-def classify_kernel(message: str) -> str | None:
-    for kind, pattern in KERNEL_EVENTS:
-        if pattern.search(message):
-            return kind
-    return None
-
-
-def parse_kmsg(records: list[bytes], after: int | None) -> tuple[list[dict[str, Any]], int | None]:
-    """``/dev/kmsg`` records -> (events after the cursor, the last sequence number).
-
-    A record is ``PRIORITY,SEQ,USEC,FLAGS;MESSAGE``. With no cursor (the first look) the
-    current end is taken and nothing is reported: only what happens while watched counts.
-    """
-    events, last = [], after
-    for raw in records:
-        head, sep, message = raw.partition(b";")
-        fields = head.split(b",")
-        if not sep or len(fields) < 3 or not fields[1].isdigit():
-            continue
-        seq = int(fields[1])
-        last = seq if last is None or seq > last else last
-        if after is None or seq <= after:
-            continue
-        text = message.split(b"\n", 1)[0].decode("utf-8", "replace")
-        kind = classify_kernel(text)
-        if kind and len(events) < MAX_EVENTS:
-            events.append({"kind": kind, "seq": seq, "line": text[:300]})
-    return events, last
+def engine_log(runner, units: list[str]) -> dict[str, Any]:
+    """Whether the serving units' latest journal lines show a kernel compile in progress
+    (``_vllm_compile.compile_state``); a journal that cannot be read shows none, and says so."""
+    argv = ["journalctl", "--no-pager", "--output=cat", f"--lines={ENGINE_LOG_LINES}",
+            *(f"--unit={unit}" for unit in units)]
+    try:
+        rc, text, err = runner.run(argv)
+    except CommandError as exc:
+        rc, text, err = -1, "", str(exc)
+    if rc != 0:
+        return {"compiling": False, "what": None, "line": None,
+                "error": f"journalctl failed (rc {rc}): {err.strip()[:200]}"}
+    return compile_state(text.splitlines())
 
 
 def read_kmsg(path: str) -> list[bytes]:
@@ -189,6 +174,7 @@ def probe(cfg: Mapping[str, Any], runner, cursor: int | None) -> dict[str, Any]:
     if rc != 0:
         out["unknown"].append(f"units: systemctl show failed (rc {rc}): {err.strip()[:200]}")
     out["units"] = parse_show_blocks(text) if rc == 0 else {}
+    out["engine_log"] = engine_log(runner, units)
     now_us = time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6
     for entry in out["units"].values():
         since = entry.pop("active_since_monotonic_us")

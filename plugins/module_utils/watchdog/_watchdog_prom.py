@@ -30,7 +30,7 @@ HELP = {
     "fabric_drift": ("gauge", "1 when the cluster link differs from fabric.json"),
     "memory_pressure": ("gauge", "PSI memory some avg10 (percent)"),
     "memory_short": ("gauge", "1 when MemAvailable is below what the admission keeps"),
-    "kernel_events_total": ("counter", "Kernel log events seen (Xid, AER, OOM kill)"),
+    "kernel_events_total": ("counter", "Kernel log events seen (Xid, AER, OOM kill, GPU driver out of memory)"),
     "evidence_unknown": ("gauge", "1 when that probe could not be read this look"),
 }
 

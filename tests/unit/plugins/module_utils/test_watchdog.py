@@ -16,6 +16,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._restart
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog import (
     _incidents as incidents,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._kernel import parse_kmsg
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog import Watchdog
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog_config import (
     ConfigError,
@@ -26,7 +27,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watc
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog_node import (
     NodeError,
     parse_command,
-    parse_kmsg,
     parse_show_blocks,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog_prom import (
@@ -47,9 +47,15 @@ def test_kmsg_first_look_takes_the_end_and_reports_nothing() -> None:
 def test_kmsg_events_after_the_cursor_are_classified() -> None:
     events, last = parse_kmsg(KMSG, 1200)
     assert last == 1208
-    assert [(e["seq"], e["kind"]) for e in events] == [
-        (1201, "xid"), (1202, "xid"), (1205, "oom"), (1207, "aer")]
-    assert parse_kmsg(KMSG, 1205)[0] == [events[-1]]
+    # The constraint and "Killed process" lines of one kill are one event (pid and name kept);
+    # "VLLM::EngineCor invoked oom-killer" starts the next kill.
+    assert [(e["seq"], e["kind"], e.get("xid"), e.get("pid"), e.get("process"), e.get("invoked_by"))
+            for e in events] == [
+        (1201, "xid", 79, None, None, None), (1202, "xid", 79, None, None, None),
+        (1204, "oom", None, 16014, "cicc", None), (1206, "oom", None, None, None, "VLLM::EngineCor"),
+        (1207, "aer", None, None, None, None)]
+    assert events[2]["line"].startswith("Out of memory: Killed process 16014 (cicc)")
+    assert parse_kmsg(KMSG, 1206)[0] == [events[-1]]
 
 
 @pytest.mark.parametrize("record", [b"", b"garbage", b"6,x,1,-;NVRM: Xid (", b"6;NVRM: Xid ("])
