@@ -4,12 +4,15 @@
 
 - ``watchdog_options``: the role's options alone, checked before anything is read from a node.
 - ``watchdog_config``: the head's ``watchdog.json`` from the role's options, every node's saved
-  fabric result and the head's saved ingress result; a bad option fails naming the variable.
+  fabric result, the head's saved ingress result and its ``serving.json`` (the served recipe's
+  execute-model timeout; text as slurped, or None before a rollout); a bad option fails naming
+  the variable.
 - ``watchdog_node_config``: one node's ``watchdog-node.json``.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -32,9 +35,17 @@ def watchdog_options(opts: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
-def watchdog_config(opts: dict[str, Any], nodes: list[dict[str, Any]], ingress: dict[str, Any]) -> dict[str, Any]:
+def watchdog_config(opts: dict[str, Any], nodes: list[dict[str, Any]], ingress: dict[str, Any],
+                    serving: Any = None) -> dict[str, Any]:
+    if isinstance(serving, (str, bytes)):
+        try:
+            serving = json.loads(serving)
+        except ValueError as exc:
+            raise AnsibleFilterError(
+                f"watchdog: {opts.get('serving_path', 'serving.json')} is not JSON ({exc}): "
+                "run the rollout again (--tags rollout)") from None
     try:
-        return build(opts, nodes, ingress)
+        return build(opts, nodes, ingress, serving)
     except (ConfigError, ValidationError, KeyError, TypeError) as exc:
         raise AnsibleFilterError(f"watchdog: {exc}") from None
 

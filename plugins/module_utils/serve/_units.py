@@ -55,6 +55,24 @@ SERVER_UNIT = "localinference-vllm"
 RAY_UNIT = "localinference-ray"
 CONTAINER_MODEL_ROOT = "/models"
 CONTAINER_CACHE = "/var/cache/vllm"
+# The JIT and compile caches vLLM and its kernels keep under the user's home unless told
+# otherwise (DeepGEMM's follows VLLM_CACHE_ROOT already, vllm/utils/deep_gemm.py):
+# (variable, directory under the cache mount). Sources: torch's TORCHINDUCTOR_CACHE_DIR
+# (/tmp/torchinductor_USER), Triton's TRITON_CACHE_DIR (~/.triton/cache), FlashInfer's
+# FLASHINFER_WORKSPACE_BASE (flashinfer/jit/env.py: BASE/.cache/flashinfer, BASE = home),
+# TileLang's TILELANG_CACHE_DIR (~/.tilelang/cache), CUTLASS 4.3.2's CUTE_DSL_CACHE_DIR (CuTe
+# DSL's compiled kernels), and the CUDA driver's CUDA_CACHE_PATH (the PTX/NVRTC JIT cache,
+# ~/.nv/ComputeCache; CUDA programming guide, "CUDA Environment Variables").
+# XDG_CACHE_HOME is left alone: it would also move Hugging Face's cache and every other
+# library's, not only compiled kernels.
+JIT_CACHES = (
+    ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+    ("TRITON_CACHE_DIR", "triton"),
+    ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
+    ("TILELANG_CACHE_DIR", "tilelang"),
+    ("CUTE_DSL_CACHE_DIR", "cute_dsl"),
+    ("CUDA_CACHE_PATH", "cuda"),
+)
 RAY_SESSION_DIR = "/run/localinference/ray"
 HASH_MARKER = "# localinference.vllm recipe_hash="
 MANAGED_COMMENT = (
@@ -288,6 +306,14 @@ class _NodeUnits:
         return [f"EnvironmentFile=-{self.gid_file}"] if self.gid_file else []
 
 
+def _jit_caches(env: dict[str, str], cache: str) -> None:
+    """Every JIT and compile cache the engine writes outside ``VLLM_CACHE_ROOT`` by default, put
+    on the cache mount so a restart reuses it (a container's home is gone at its next start);
+    a recipe's own value wins."""
+    for name, sub in JIT_CACHES:
+        env.setdefault(name, f"{cache}/{sub}")
+
+
 def _runtime_paths(
     recipe: dict[str, Any], node: Node, digest: str
 ) -> tuple[dict[str, str], list[str], str]:
@@ -297,14 +323,14 @@ def _runtime_paths(
     if recipe["deploy_mode"] == "quadlet":
         mount, model_path = model_location(node.weights_path, recipe["revision"])
         env["VLLM_CACHE_ROOT"] = CONTAINER_CACHE
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{CONTAINER_CACHE}/inductor")
+        _jit_caches(env, CONTAINER_CACHE)
         volumes = [f"{mount}:{CONTAINER_MODEL_ROOT}:ro", f"{recipe['cache_dir']}:{CONTAINER_CACHE}"]
         # vllm_recipe.mounts: a publisher's files mounted instead of baked, read-only.
         volumes += [f"{m['src']}:{m['dest']}:ro" for m in recipe.get("mounts", [])]
     else:
         model_path = node.weights_path
         env["VLLM_CACHE_ROOT"] = recipe["cache_dir"]
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", f"{recipe['cache_dir']}/inductor")
+        _jit_caches(env, recipe["cache_dir"])
         volumes = []
     return dict(sorted(env.items())), volumes, model_path
 

@@ -18,6 +18,11 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common import 
     _validate as validate,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._files import read_text
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_compile import (
+    EXECUTE_MODEL_TIMEOUT_ENV,
+    EXECUTE_MODEL_TIMEOUT_S,
+    execute_model_budget,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.ingress._ingress import (
     caddy_base,
     caddy_ca,
@@ -35,6 +40,9 @@ NUMBERS = (
     ("restart_window_s", 1, 7 * 86400, False),
 )
 MAX_NODES = 64
+# How long a compile may hold a silent engine: the served recipe's execute-model timeout,
+# within these bounds (a day is longer than any compile reported).
+EXECUTE_MODEL_TIMEOUT_BOUNDS = (1.0, 86400.0)
 
 
 class ConfigError(ValueError):
@@ -110,11 +118,35 @@ def check(cfg: Any) -> dict[str, Any]:
         out["metrics"] = {"listen": listen, "port": int(_number(metrics, "port", 1, 65535, True, "metrics_"))}
         out["state_path"] = _path("watchdog_state_path", cfg.get("state_path"))
         out["hold_path"] = _path("watchdog_hold_path", cfg.get("hold_path"))
+        out["execute_model_timeout_s"] = _execute_model_timeout(
+            cfg.get("execute_model_timeout_s", EXECUTE_MODEL_TIMEOUT_S))
     except ConfigError:
         raise
     except ValueError as exc:  # ValidationError, and ipaddress's own
         raise ConfigError(str(exc)) from None
     return out
+
+
+def _execute_model_timeout(value: Any) -> float:
+    """The compile hold's bound; a config written before the key existed holds vLLM's default."""
+    low, high = EXECUTE_MODEL_TIMEOUT_BOUNDS
+    try:
+        return validate.number(f"vllm_recipe.env.{EXECUTE_MODEL_TIMEOUT_ENV}", value, minimum=low, maximum=high)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; then run the rollout and the watchdog role again") from None
+
+
+def served_execute_model_timeout(serving: Mapping[str, Any] | None) -> float:
+    """The execute-model timeout of the recipe the head serves (its saved ``serving.json``): the
+    recipe's ``env.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``, else vLLM's default (also when nothing
+    was rolled out yet: the node probe reports that on its own)."""
+    recipe = (serving or {}).get("recipe") if isinstance(serving, Mapping) else None
+    env = recipe.get("env") if isinstance(recipe, Mapping) else None
+    try:
+        budget = execute_model_budget(env if isinstance(env, Mapping) else None)
+    except ValueError as exc:  # ValidationError: not a number, or not above 0
+        raise ConfigError(f"{exc}; then run the rollout and the watchdog role again") from None
+    return _execute_model_timeout(budget)
 
 
 def _nodes(nodes: Any) -> list[dict[str, Any]]:
@@ -243,10 +275,13 @@ def node_config(name: str, fabric: Mapping[str, Any] | None, opts: Mapping[str, 
     }
 
 
-def build(opts: Mapping[str, Any], nodes: list[Mapping[str, Any]], ingress: Mapping[str, Any]) -> dict[str, Any]:
+def build(opts: Mapping[str, Any], nodes: list[Mapping[str, Any]], ingress: Mapping[str, Any],
+          serving: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The head's ``watchdog.json`` from the role's options and the saved stage results, checked.
 
     ``nodes``: ``{name, rank, fabric}`` (``fabric``: the node's saved fabric result or None).
+    ``serving``: the head's saved ``serving.json`` (None: not rolled out yet), whose recipe
+    carries the execute-model timeout that bounds a compile's hold.
     """
     check_options(opts)
     base_url, model, engine = _head_url(ingress, opts.get("model") or None)
@@ -282,5 +317,6 @@ def build(opts: Mapping[str, Any], nodes: list[Mapping[str, Any]], ingress: Mapp
                       "keep": opts["incidents_keep"]},
         "metrics": {"listen": opts["metrics_listen"], "port": opts["metrics_port"]},
         "state_path": opts["state_path"], "hold_path": opts["hold_path"],
+        "execute_model_timeout_s": served_execute_model_timeout(serving),
     }
     return check(cfg)

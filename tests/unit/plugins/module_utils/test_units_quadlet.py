@@ -311,3 +311,43 @@ def test_unit_problems_finds_lines_the_template_does_not_write(edit, problem):
     assert unit_problems(unit["content"]) == []
     found = unit_problems(edit(unit["content"]))
     assert found and any(problem in line for line in found), found
+
+
+JIT_CACHE_LINES = (
+    "TORCHINDUCTOR_CACHE_DIR={cache}/inductor",
+    "TRITON_CACHE_DIR={cache}/triton",
+    "FLASHINFER_WORKSPACE_BASE={cache}/flashinfer",
+    "TILELANG_CACHE_DIR={cache}/tilelang",
+    "CUTE_DSL_CACHE_DIR={cache}/cute_dsl",
+    "CUDA_CACHE_PATH={cache}/cuda",
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "cache"),
+    [("quadlet", "/var/cache/vllm"), ("systemd", "/var/cache/localinference/vllm")],
+)
+def test_every_jit_cache_is_on_the_cache_mount(mode, cache):
+    """A compile's results outlive the engine: the container's home is new at every start,
+    so a cache left there is compiled again after each restart (issue 37, item 6)."""
+    recipe = normalise({**RECIPE, "deploy_mode": mode, "vllm_version": "0.32.0",
+                        **({"image": None} if mode == "systemd" else {})})
+    assert recipe["cache_dir"] == "/var/cache/localinference/vllm"
+    (unit,) = render_units(recipe, node(0), "h", "/opt/v")["units"]
+    lines = unit["content"].splitlines()
+    assert f"Environment=VLLM_CACHE_ROOT={cache}" in lines
+    for line in JIT_CACHE_LINES:
+        assert "Environment=" + line.format(cache=cache) in lines
+    if mode == "quadlet":
+        assert "Volume=/var/cache/localinference/vllm:/var/cache/vllm" in lines
+
+
+def test_a_recipes_own_cache_directory_wins():
+    recipe = normalise({**RECIPE, "env": {"TRITON_CACHE_DIR": "/var/cache/vllm/own-triton",
+                                          "CUDA_CACHE_PATH": "/scratch/nv"}})
+    out = render_units(recipe, node(0), "h")
+    lines = out["units"][0]["content"].splitlines()
+    assert "Environment=TRITON_CACHE_DIR=/var/cache/vllm/own-triton" in lines
+    assert "Environment=CUDA_CACHE_PATH=/scratch/nv" in lines
+    assert "Environment=TRITON_CACHE_DIR=/var/cache/vllm/triton" not in lines
+    assert out["environment"]["FLASHINFER_WORKSPACE_BASE"] == "/var/cache/vllm/flashinfer"
