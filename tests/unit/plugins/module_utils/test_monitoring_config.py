@@ -219,6 +219,23 @@ def test_short_intervals_every_address_a_webhook_and_no_watchdog():
     assert "LocalinferenceWatchdogDown" not in built["result"]["alerts"]
 
 
+@pytest.mark.parametrize("url", [
+    # roles/monitoring/README.md's examples: ntfy's built-in Alertmanager template, and a
+    # self-hosted ntfy with a user in the URL; tests/lab/faults/test_alert_delivery.py's receiver.
+    "https://ntfy.sh/spark-alerts-7f3kq9x2?template=alertmanager",
+    "https://alertmanager:s3cret-Pa55@ntfy.example.net/alerts?template=alertmanager",
+    "http://127.0.0.1:19093/alertmanager",
+])
+def test_the_documented_webhooks_render_as_alertmanagers_webhook_with_resolutions(url):
+    built = monitoring.monitoring_config({**SPEC, "webhook_url": url})
+    assert yaml.safe_load(built["alertmanager_yml"])["receivers"] == [
+        {"name": "operator", "webhook_configs": [{"url": url, "send_resolved": True}]}]
+    route = yaml.safe_load(built["alertmanager_yml"])["route"]
+    # The lab test waits for a resolution within one group_interval of the alert clearing.
+    assert (route["group_wait"], route["group_interval"]) == ("10s", "1m")
+    assert built["result"]["webhook"] is True
+
+
 @pytest.mark.parametrize(
     ("change", "pattern"),
     [
