@@ -169,3 +169,21 @@ def test_env_problems_names_a_prepend_the_image_lacks():
     env = ["PATH=/usr/local/cuda/bin:/usr/bin", "LD_LIBRARY_PATH=/usr/lib"]
     assert d.env_problems(build, env) == ["LD_LIBRARY_PATH is '/usr/lib', not '/usr/local/cuda/lib64' prepended"]
     assert d.env_problems(build, [*env[:1], "LD_LIBRARY_PATH=/usr/local/cuda/lib64"]) == []
+
+
+def test_mounts_become_read_only_volumes_of_the_container_unit():
+    from ansible_collections.localinference.vllm.plugins.module_utils.serve import _units
+
+    recipe = _recipe.normalise(
+        {
+            "model": "org/model",
+            "revision": "a" * 40,
+            "image": BASE,
+            "mounts": [{"src": "/opt/sparkring/nccl/libnccl.so.2", "dest": "/opt/sparkring/nccl/libnccl.so.2"}],
+        },
+        4096,
+    )
+    node = _recipe.Node(host="h0", rank=0, nnodes=1, head_address="127.0.0.1", weights_path="/srv/models/m")
+    units = _units.render_units(recipe, node, "")["units"]
+    container = next(u["content"] for u in units if u["name"].endswith(".container"))
+    assert "Volume=/opt/sparkring/nccl/libnccl.so.2:/opt/sparkring/nccl/libnccl.so.2:ro" in container.splitlines()
