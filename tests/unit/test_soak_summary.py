@@ -222,8 +222,8 @@ def test_verdict(changes, floor, failures):
 
 
 def test_verdict_fails_a_wedge_not_recovered_and_a_run_that_measured_nothing():
-    never = summarise([req(0), req(5, ok=False)], [{"name": "wedge", "injected": 4.0, "ended": 4.0,
-                                                     "watchdog_outcome": None}], [])
+    wedge = {"name": "wedge", "injected": 4.0, "ended": 4.0, "watchdog_outcome": None}
+    never = summarise([req(0), req(5, ok=False)], [wedge], [])
     assert verdict({**never, "planned_faults": ["wedge"]}, 99.0) == [
         "the wedge at 4 s was not recovered before the end (no request answered after it)",
         "the watchdog did not recover the wedge (outcome None)",
