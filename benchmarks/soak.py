@@ -186,15 +186,23 @@ class Soak:
         self.notes: list[str] = []
         self.never_answered: str | None = None
         self.start = self.start_epoch = 0.0
+        # While set, the run may last up to grace seconds past its minutes (Soak.end).
+        self.fault_open = threading.Event()
+        self.grace = env_number("SOAK_RECOVERY_GRACE_S", 300)
 
     def now(self) -> float:
         return time.monotonic() - self.start
 
+    def end(self) -> float:
+        """The run's end: SOAK_MINUTES, or up to RECOVERY_GRACE later while a fault is not over
+        (a wedge caused near the end is judged on its recovery, not cut off by the clock)."""
+        return self.seconds + (self.grace if self.fault_open.is_set() else 0.0)
+
     def over(self) -> bool:
-        return self.stop.is_set() or self.now() >= self.seconds
+        return self.stop.is_set() or self.now() >= self.end()
 
     def pause(self, seconds: float) -> None:
-        self.stop.wait(max(0.0, min(seconds, self.seconds - self.now())))
+        self.stop.wait(max(0.0, min(seconds, self.end() - self.now())))
 
     def send(
         self, session: int, conversation: int, turn: int, messages: list[dict[str, Any]]
@@ -253,6 +261,7 @@ class Soak:
         pids, _ = faults.stop_rank()
         injected, injected_epoch = self.now(), time.time()
         recovered = None
+        self.fault_open.set()
         try:
             while not self.over() and recovered is None:
                 recovered = faults.first_incident(injected_epoch - 1, verdict="wedged", outcome=faults.ENDED)
@@ -262,6 +271,8 @@ class Soak:
             if recovered is None or recovered["outcome"] != "recovered":
                 faults.cont_rank(pids)
                 self.notes.append("the watchdog did not recover the wedge: the rank got kill -CONT")
+            self.wait_for_an_answer(injected)
+            self.fault_open.clear()
         # The window ends when the watchdog recorded its outcome (or at the kill -CONT).
         ended_epoch = float((recovered or {}).get("epoch") or 0) or time.time()
         self.faults.append({"name": "wedge", "planned": round(WEDGE_AT * self.seconds, 1),
@@ -269,6 +280,14 @@ class Soak:
                             "window_end": round(max(injected, ended_epoch - self.start_epoch), 1),
                             "injected_epoch": round(injected_epoch, 3),
                             "watchdog_outcome": None if recovered is None else recovered["outcome"]})
+
+    def wait_for_an_answer(self, since: float) -> None:
+        """Keep the run going (within the grace) until a request started after ``since`` is answered."""
+        while not self.over():
+            with self.lock:
+                if any(r.ok and r.started > since for r in self.requests):
+                    return
+            self.pause(1.0)
 
     def flap(self) -> None:
         faults.link("down")
@@ -290,7 +309,7 @@ class Soak:
             session.start()
         try:
             for session in sessions:
-                session.join(timeout=max(1.0, self.seconds - self.now()) + self.deadline + 30)
+                session.join(timeout=max(1.0, self.seconds + self.grace - self.now()) + self.deadline + 30)
         finally:
             self.stop.set()  # also on Ctrl-C: the fault thread puts the lab back
             fault_thread.join(timeout=120)
