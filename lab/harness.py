@@ -629,6 +629,18 @@ def watchdog_active() -> bool:
     return done.stdout.strip() == "active"
 
 
+WATCHDOG_STATE = "/var/lib/localinference/watchdog-state.json"
+
+
+def reset_watchdog_budget() -> None:
+    """The watchdog restarted with its whole restart budget: earlier faults' restarts do not count."""
+    exec_on(HEAD, "systemctl", "stop", WATCHDOG_UNIT)
+    done = exec_on(HEAD, "cat", WATCHDOG_STATE, check=False)
+    state = json.loads(done.stdout) if done.returncode == 0 else {"counts": {}}
+    exec_on(HEAD, "tee", WATCHDOG_STATE, input=json.dumps({**state, "restarts": []}))
+    exec_on(HEAD, "systemctl", "start", WATCHDOG_UNIT)
+
+
 def incidents(since: float = 0.0) -> list[dict[str, Any]]:
     """The head's incident records whose epoch is at or after ``since`` (a torn line is skipped)."""
     text = exec_on(HEAD, "cat", INCIDENTS_FILE, check=False).stdout

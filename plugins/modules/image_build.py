@@ -111,8 +111,8 @@ build:
   returned: state=present
   type: dict
 containerfile:
-  description: The Containerfile of the image.
-  returned: state=present
+  description: The Containerfile this run built the image from (check mode - would build it from).
+  returned: state=present and RV(built)
   type: str
 removed:
   description: The built images O(state=pruned) removed (or would remove).

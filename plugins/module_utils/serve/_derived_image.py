@@ -148,12 +148,8 @@ def parse_patch(name: str, text: str, strip: int) -> list[FilePatch]:
 
 def _find(lines: list[str], old: list[str], near: int, start: int) -> int | None:
     """The index nearest ``near`` (at or after ``start``) where ``old`` appears exactly."""
-    last = len(lines) - len(old)
-    for offset in range(max(last, 0) + len(lines) + 1):
-        for at in (near + offset, near - offset) if offset else (near,):
-            if start <= at <= last and lines[at : at + len(old)] == old:
-                return at
-    return None
+    places = [at for at in range(start, len(lines) - len(old) + 1) if lines[at : at + len(old)] == old]
+    return min(places, key=lambda at: abs(at - near), default=None)
 
 
 def apply_patch(name: str, patch: FilePatch, original: str | None) -> str:

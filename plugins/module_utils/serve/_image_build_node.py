@@ -44,21 +44,23 @@ class BuildError(Exception):
     """A build step that failed on the node; the message says which and why."""
 
 
-def _podman(runner: Runner, p: dict[str, Any], *args: str, what: str) -> str:
+def _run(runner: Runner, p: dict[str, Any], *args: str, what: str) -> tuple[int, str, str]:
+    """``podman ARGS`` with the module's deadline; one that cannot run or finish is a BuildError."""
     try:
-        rc, out, err = runner.run([p["podman"], *args])
+        return runner.run([p["podman"], *args])
     except CommandError as exc:
         raise BuildError(f"{what}: {exc}") from None
+
+
+def _podman(runner: Runner, p: dict[str, Any], *args: str, what: str) -> str:
+    rc, out, err = _run(runner, p, *args, what=what)
     if rc != 0:
         raise BuildError(f"{what} failed (rc {rc}): {(err or out).strip()[-600:]}")
     return out
 
 
 def _inspect(runner: Runner, p: dict[str, Any], ref: str) -> dict[str, Any] | None:
-    try:
-        rc, out, _ = runner.run([p["podman"], "image", "inspect", ref])
-    except CommandError as exc:
-        raise BuildError(f"podman image inspect {ref}: {exc}") from None
+    rc, out, _ = _run(runner, p, "image", "inspect", ref, what=f"podman image inspect {ref}")
     if rc != 0:
         return None
     data = json.loads(out or "[]")
@@ -128,7 +130,7 @@ def _base_file(
 ) -> str | None:
     """The text of ``path`` in the base (via ``podman cp``), or None when the base has none."""
     target = os.path.join(scratch, "base-" + str(len(os.listdir(scratch))))
-    rc, _, _ = runner.run([p["podman"], "cp", f"{container}:{path}", target])
+    rc, _, _ = _run(runner, p, "cp", f"{container}:{path}", target, what=f"podman cp of {path}")
     if rc != 0 or not os.path.isfile(target):
         return None
     return read_bytes(target, MAX_PATCHED).decode("utf-8", errors="surrogateescape")
@@ -169,7 +171,7 @@ def _patched(
                 results[dest] = _derived_image.apply_patch(name, file_patch, original)
         return list(results.items())
     finally:
-        runner.run([p["podman"], "rm", "-f", container])
+        _run(runner, p, "rm", "-f", container, what=f"podman rm of {container}")
 
 
 def _write_context(directory: str, build, paths, patched, text: str) -> None:
@@ -218,9 +220,8 @@ def _present(runner: Runner, p: dict[str, Any], check_mode: bool) -> dict[str, A
     paths = _source_paths(p, build)
     measured = _measure(build, paths, check_mode)
     inputs = _derived_image.inputs_hash(base, build, measured)
-    canonical = {**build, "base": base}
-    for entry in canonical.get("files", []):
-        entry.setdefault("sha256", measured[entry["src"]])
+    files = [{**entry, "sha256": measured[entry["src"]]} for entry in build.get("files", [])]
+    canonical = {**build, **({"files": files} if files else {}), "base": base}
     result: dict[str, Any] = {
         "inputs_hash": inputs,
         "build": canonical,
@@ -229,7 +230,8 @@ def _present(runner: Runner, p: dict[str, Any], check_mode: bool) -> dict[str, A
     }
     existing = _inspect(runner, p, _derived_image.reference(inputs))
     if existing and (existing.get("Labels") or {}).get(_derived_image.LABEL_INPUTS) == inputs:
-        return {**result, **_found(existing, inputs, base, build)}
+        digest = str(existing.get("Digest", ""))
+        return {**result, "digest": digest, "reference": _derived_image.reference(inputs, digest)}
     scratch = tempfile.mkdtemp(prefix="patch.")
     try:
         patched = _patched(runner, p, base, build, paths, scratch)
@@ -256,18 +258,6 @@ def _present(runner: Runner, p: dict[str, Any], check_mode: bool) -> dict[str, A
     }
 
 
-def _found(
-    existing: dict[str, Any], inputs: str, base: str, build: dict[str, Any]
-) -> dict[str, Any]:
-    digest = str(existing.get("Digest", ""))
-    text = _derived_image.containerfile(base, build, inputs, [])
-    return {
-        "digest": digest,
-        "reference": _derived_image.reference(inputs, digest),
-        "containerfile": text,
-    }
-
-
 def _pruned(runner: Runner, p: dict[str, Any], check_mode: bool) -> dict[str, Any]:
     keep = validate.integer("serve_image_keep", p["keep"], minimum=1, maximum=100)
     out = _podman(
@@ -283,7 +273,7 @@ def _pruned(runner: Runner, p: dict[str, Any], check_mode: bool) -> dict[str, An
         ident = str(image.get("Id", ""))
         removed.append(ident)
         if not check_mode:
-            runner.run([p["podman"], "rmi", ident])
+            _run(runner, p, "rmi", ident, what=f"podman rmi {ident}")
     return {"changed": bool(removed), "removed": removed}
 
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from lab.harness import HEAD, WATCHDOG_UNIT, exec_on, lab_up, watchdog_active
+from lab.harness import HEAD, WATCHDOG_UNIT, WORKER, exec_on, lab_up, watchdog_active
+
+# The controller's image store, which the lab hosts see read-only (additionalimagestores).
+SHARED_STORE = "/var/lib/lab-images"
 
 
 @pytest.fixture(autouse=True)
@@ -24,3 +27,15 @@ def watchdog_paused(request: pytest.FixtureRequest):
     finally:
         if running:
             exec_on(HEAD, "systemctl", "start", WATCHDOG_UNIT)
+
+
+@pytest.fixture
+def shared_store_hidden():
+    """The worker's Podman sees only its own store (an empty tmpfs over the shared one; its
+    running containers keep their mounts): an image reaches it only the way the collection
+    copies it."""
+    exec_on(WORKER, "mount", "-t", "tmpfs", "-o", "size=16m", "lab-images-hidden", SHARED_STORE)
+    try:
+        yield
+    finally:
+        exec_on(WORKER, "umount", SHARED_STORE, check=False)

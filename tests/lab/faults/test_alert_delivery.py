@@ -43,13 +43,13 @@ import yaml
 from lab.harness import (
     HEAD,
     RANK_PATTERN,
-    WATCHDOG_UNIT,
     WORKER,
     exec_on,
     incidents,
     inventory_var,
     rank_pids,
     read_text,
+    reset_watchdog_budget,
     run_playbook,
     streams_a_token,
     wait_for,
@@ -67,7 +67,6 @@ RECEIVED = f"{RECEIVER_DIR}/received.jsonl"
 RECEIVER_PORT = 19093
 WEBHOOK_URL = f"http://127.0.0.1:{RECEIVER_PORT}/alertmanager"
 ALERTMANAGER_YML = "/etc/prometheus/alertmanager.yml"
-WATCHDOG_STATE = "/var/lib/localinference/watchdog-state.json"
 MONITORING_TIMEOUT = 900
 # Alertmanager's group_interval in the rendered alertmanager.yml: a resolution is sent at its next tick.
 GROUP_INTERVAL_S = 60
@@ -148,13 +147,6 @@ def webhooks() -> list[dict[str, Any]]:
     return [hook for receiver in config["receivers"] for hook in receiver.get("webhook_configs") or []]
 
 
-def reset_budget() -> None:
-    """This wedge must be recovered, not paged: the restarts earlier tests made do not count."""
-    exec_on(HEAD, "systemctl", "stop", WATCHDOG_UNIT)
-    done = exec_on(HEAD, "cat", WATCHDOG_STATE, check=False)
-    state = json.loads(done.stdout) if done.returncode == 0 else {"counts": {}}
-    exec_on(HEAD, "tee", WATCHDOG_STATE, input=json.dumps({**state, "restarts": []}))
-    exec_on(HEAD, "systemctl", "start", WATCHDOG_UNIT)
 
 
 def stop_receiver() -> None:
@@ -197,7 +189,7 @@ def webhook_configured(receiver: None) -> Iterator[None]:
 
 
 def test_the_wedge_alert_reaches_a_webhook_firing_and_then_resolved(webhook_configured: None) -> None:
-    reset_budget()
+    reset_watchdog_budget()
     assert wait_for("a streamed token", lambda: streams_a_token(timeout=20), 300)
     healthy = 'localinference_watchdog_verdict{verdict="healthy"} 1'
     assert wait_for("the watchdog's healthy verdict", lambda: healthy in exec_on(

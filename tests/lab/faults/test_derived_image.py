@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.extended, pytest.mark.usefixtures("la
 SITE = "/opt/vllm/lib/python3.11/site-packages"
 SERVING = "/etc/localinference/serving.json"
 LOCK = "/etc/localinference/stack.lock.json"
-SHARED_STORE = "/var/lib/lab-images"
+LABEL = "io.localinference.build.inputs"
 BUILT = "localhost/localinference-vllm-built"
 
 
@@ -86,16 +86,18 @@ def _started(host: str) -> str:
 
 
 @pytest.fixture
-def worker_without_shared_store():
-    """The worker sees only its own image store: the built image must be copied to it."""
-    exec_on(WORKER, "mount", "-t", "tmpfs", "-o", "size=16m", "lab-images-hidden", SHARED_STORE)
+def built_images_removed(shared_store_hidden):
+    """The worker sees only its own store (the built image must be copied to it); the built
+    images go from both nodes afterwards (the lab recipe serves again by then)."""
     try:
         yield
     finally:
-        exec_on(WORKER, "umount", SHARED_STORE, check=False)
+        for host in HOSTS:
+            exec_on(host, "sh", "-c", f"podman images -q --filter label={LABEL} | xargs -r podman rmi",
+                    check=False, timeout=300)
 
 
-def test_a_patched_image_is_built_once_served_refused_when_stale_and_reverted(tmp_path, worker_without_shared_store):
+def test_a_patched_image_is_built_once_served_refused_when_stale_and_reverted(tmp_path, built_images_removed):
     base = str(inventory_recipe()["image"])
     first = _recipe(tmp_path, "owner-1.patch", _patch("localinference-derived-1"))
     try:

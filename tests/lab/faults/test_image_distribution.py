@@ -29,7 +29,6 @@ from lab.harness import HEAD, VLLM_UNIT, WORKER, exec_on, inventory_recipe, roll
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("lab_hosts")]
 
-SHARED_STORE = "/var/lib/lab-images"
 OTHER = "localhost/localinference-lab-other:1"
 IMAGES = "/var/lib/localinference/images"
 COPY_TASK = "Image | Copy the OCI archive from the head over the cluster link"
@@ -46,15 +45,14 @@ def _active_since(host: str) -> str:
 
 
 @pytest.fixture
-def worker_without_shared_store():
-    """The worker's Podman sees only its own store (its running containers keep their mounts)."""
-    exec_on(WORKER, "mount", "-t", "tmpfs", "-o", "size=16m", "lab-images-hidden", SHARED_STORE)
+def worker_without_shared_store(shared_store_hidden):
+    """The worker sees only its own store; its copy and the archives go afterwards."""
     try:
         yield
     finally:
         # Without --force: a container started from the worker's own copy keeps it (4 GB).
+        # Before the shared store comes back (shared_store_hidden's teardown).
         exec_on(WORKER, "podman", "rmi", _pinned(), check=False, timeout=300)
-        exec_on(WORKER, "umount", SHARED_STORE, check=False)
         for host in (HEAD, WORKER):
             exec_on(host, "sh", "-c", f"rm -f {IMAGES}/*.oci.tar*", check=False)
 

@@ -23,12 +23,14 @@ from lab.harness import (
     HEAD,
     RANK_PATTERN,
     VLLM_UNIT,
+    WATCHDOG_STATE,
     WATCHDOG_UNIT,
     WORKER,
     exec_on,
     incidents,
     inventory_var,
     rank_pids,
+    reset_watchdog_budget,
     streams_a_token,
     wait_for,
 )
@@ -36,7 +38,7 @@ from lab.harness import (
 pytestmark = [pytest.mark.lab, pytest.mark.watchdog, pytest.mark.usefixtures("lab_hosts")]
 
 WATCHDOG = WATCHDOG_UNIT
-STATE = "/var/lib/localinference/watchdog-state.json"
+STATE = WATCHDOG_STATE
 CADDY = "caddy.service"
 
 
@@ -80,20 +82,13 @@ def stopped_rank() -> Iterator[list[str]]:
         exec_on(WORKER, "kill", "-CONT", *found, check=False)
 
 
-def reset_budget() -> None:
-    """Each test is one fault: the restarts earlier tests made do not count against it."""
-    exec_on(HEAD, "systemctl", "stop", WATCHDOG)
-    done = exec_on(HEAD, "cat", STATE, check=False)
-    state = json.loads(done.stdout) if done.returncode == 0 else {"counts": {}}
-    exec_on(HEAD, "tee", STATE, input=json.dumps({**state, "restarts": []}))
-    exec_on(HEAD, "systemctl", "start", WATCHDOG)
 
 
 @pytest.fixture(autouse=True)
 def serving_watched() -> Iterator[None]:
     """The lab serves and the watchdog runs with its whole budget before each test, and
     it serves again after it."""
-    reset_budget()
+    reset_watchdog_budget()
     assert wait_for("a streamed token", lambda: streams_a_token(timeout=20), 300)
     yield
     exec_on(HEAD, "systemctl", "start", WATCHDOG)
