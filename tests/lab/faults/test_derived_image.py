@@ -85,64 +85,68 @@ def _started(host: str) -> str:
     return exec_on(host, "systemctl", "show", "-p", "ActiveEnterTimestamp", "--value", VLLM_UNIT).stdout
 
 
+def _remove_built_images() -> None:
+    for host in HOSTS:
+        exec_on(host, "sh", "-c", f"podman images -q --filter label={LABEL} | xargs -r podman rmi",
+                check=False, timeout=300)
+
+
 @pytest.fixture
-def built_images_removed(shared_store_hidden):
-    """The worker sees only its own store (the built image must be copied to it); the built
-    images go from both nodes afterwards (the lab recipe serves again by then)."""
-    try:
-        yield
-    finally:
-        for host in HOSTS:
-            exec_on(host, "sh", "-c", f"podman images -q --filter label={LABEL} | xargs -r podman rmi",
-                    check=False, timeout=300)
+def lab_recipe_after():
+    """No built image before; after the test (and after shared_store_hidden's teardown, so the
+    worker takes the lab image from the shared store again, not as a copy) the lab recipe
+    serves and the built images go from both nodes."""
+    _remove_built_images()
+    yield
+    back = rollout(tags="rollout")
+    assert back.rc == 0, back.tail()
+    _remove_built_images()
+    assert streams_a_token(timeout=60) and _owner() == "vllm"
 
 
-def test_a_patched_image_is_built_once_served_refused_when_stale_and_reverted(tmp_path, built_images_removed):
+def test_a_patched_image_is_built_once_served_refused_when_stale_and_reverted(
+    tmp_path, lab_recipe_after, shared_store_hidden
+):
     base = str(inventory_recipe()["image"])
     first = _recipe(tmp_path, "owner-1.patch", _patch("localinference-derived-1"))
-    try:
-        built = _roll(first, tmp_path)
-        assert built.rc == 0, built.tail()
-        assert f"Built {BUILT}:" in built.flat, built.tail()
-        assert "Image | Copy the OCI archive from the head over the cluster link" in built.flat
-        assert _owner() == "localinference-derived-1"
-        for host in HOSTS:
-            recipe = read_json(host, SERVING)["recipe"]
-            assert recipe["image"].startswith(BUILT + ":") and "@sha256:" in recipe["image"], recipe["image"]
-            assert recipe["build"]["base"] == base
-            assert recipe["build"]["patches"][0]["sha256"] == first["build"]["patches"][0]["sha256"]
-        newest = json.loads(exec_on(HEAD, "cat", LOCK).stdout)["entries"][0]["nodes"][WORKER]
-        assert newest["recipe"]["image"] == read_json(WORKER, SERVING)["recipe"]["image"]
-        assert newest["recipe"]["build"]["base"] == base
-        image_one = newest["recipe"]["image"]
+    built = _roll(first, tmp_path)
+    assert built.rc == 0, built.tail()
+    assert f"Built {BUILT}:" in built.flat, built.tail()
+    assert "Image | Copy the OCI archive from the head over the cluster link" in built.flat
+    assert _owner() == "localinference-derived-1"
+    for host in HOSTS:
+        recipe = read_json(host, SERVING)["recipe"]
+        assert recipe["image"].startswith(BUILT + ":") and "@sha256:" in recipe["image"], recipe["image"]
+        assert recipe["build"]["base"] == base
+        assert recipe["build"]["patches"][0]["sha256"] == first["build"]["patches"][0]["sha256"]
+    newest = json.loads(exec_on(HEAD, "cat", LOCK).stdout)["entries"][0]["nodes"][WORKER]
+    assert newest["recipe"]["image"] == read_json(WORKER, SERVING)["recipe"]["image"]
+    assert newest["recipe"]["build"]["base"] == base
+    image_one = newest["recipe"]["image"]
 
-        started = {host: _started(host) for host in HOSTS}
-        again = _roll(first, tmp_path)
-        assert again.rc == 0, again.tail()
-        assert "Built " not in again.flat and "Would build" not in again.flat
-        assert all(counts["changed"] == 0 for counts in recap(again.stdout).values()), again.tail()
-        assert {host: _started(host) for host in HOSTS} == started
+    started = {host: _started(host) for host in HOSTS}
+    again = _roll(first, tmp_path)
+    assert again.rc == 0, again.tail()
+    assert "Built " not in again.flat and "Would build" not in again.flat
+    assert all(counts["changed"] == 0 for counts in recap(again.stdout).values()), again.tail()
+    assert {host: _started(host) for host in HOSTS} == started
 
-        stale = _recipe(tmp_path, "stale.patch", _patch("x", context='    object: str = "card"'))
-        refused = _roll(stale, tmp_path)
-        assert refused.rc != 0
-        assert "stale.patch" in refused.flat and "hunk #1 (@@ -107,3 +107,3 @@) does not apply" in refused.flat, (
-            refused.tail()
-        )
-        assert "vllm/entrypoints/serve/engine/protocol.py" in refused.flat
-        assert {host: _started(host) for host in HOSTS} == started
-        assert streams_a_token(timeout=60) and _owner() == "localinference-derived-1"
+    stale = _recipe(tmp_path, "stale.patch", _patch("x", context='    object: str = "card"'))
+    refused = _roll(stale, tmp_path)
+    assert refused.rc != 0
+    assert "stale.patch" in refused.flat and "hunk #1 (@@ -107,3 +107,3 @@) does not apply" in refused.flat, (
+        refused.tail()
+    )
+    assert "vllm/entrypoints/serve/engine/protocol.py" in refused.flat
+    assert {host: _started(host) for host in HOSTS} == started
+    assert streams_a_token(timeout=60) and _owner() == "localinference-derived-1"
 
-        second = _roll(_recipe(tmp_path, "owner-2.patch", _patch("localinference-derived-2")), tmp_path)
-        assert second.rc == 0, second.tail()
-        assert _owner() == "localinference-derived-2"
-        # The revert takes the last good stack's recipe from the lockfile (no -e vllm_recipe).
-        reverted = _roll(None, tmp_path, tags="rollout,revert")
-        assert reverted.rc == 0, reverted.tail()
-        assert "Built " not in reverted.flat, reverted.tail()
-        assert _owner() == "localinference-derived-1"
-        assert read_json(HEAD, SERVING)["recipe"]["image"] == image_one
-    finally:
-        back = rollout(tags="rollout")
-        assert back.rc == 0, back.tail()
-    assert streams_a_token(timeout=60) and _owner() == "vllm"
+    second = _roll(_recipe(tmp_path, "owner-2.patch", _patch("localinference-derived-2")), tmp_path)
+    assert second.rc == 0, second.tail()
+    assert _owner() == "localinference-derived-2"
+    # The revert takes the last good stack's recipe from the lockfile (no -e vllm_recipe).
+    reverted = _roll(None, tmp_path, tags="rollout,revert")
+    assert reverted.rc == 0, reverted.tail()
+    assert "Built " not in reverted.flat, reverted.tail()
+    assert _owner() == "localinference-derived-1"
+    assert read_json(HEAD, SERVING)["recipe"]["image"] == image_one
