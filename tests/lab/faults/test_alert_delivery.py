@@ -147,8 +147,6 @@ def webhooks() -> list[dict[str, Any]]:
     return [hook for receiver in config["receivers"] for hook in receiver.get("webhook_configs") or []]
 
 
-
-
 def stop_receiver() -> None:
     exec_on(HEAD, "systemctl", "stop", f"{RECEIVER_UNIT}.service", check=False)
     exec_on(HEAD, "systemctl", "reset-failed", f"{RECEIVER_UNIT}.service", check=False)

@@ -82,8 +82,6 @@ def stopped_rank() -> Iterator[list[str]]:
         exec_on(WORKER, "kill", "-CONT", *found, check=False)
 
 
-
-
 @pytest.fixture(autouse=True)
 def serving_watched() -> Iterator[None]:
     """The lab serves and the watchdog runs with its whole budget before each test, and
