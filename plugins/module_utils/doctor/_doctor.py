@@ -290,7 +290,7 @@ def _unit_verdict(unit: Unit) -> tuple[str, str] | None:
 
 
 def check_f11(d: Doctor) -> None:
-    """F11: a serving unit that is not running (or restarts in a loop), or the ingress's 502."""
+    """F11: a serving unit that is not running (or restarts in a loop), or the ingress's 503 (or 504)."""
     for host, node in d.nodes.items():
         order = (
             node.serving["start_order"]

@@ -56,6 +56,10 @@ _PUBLIC_URL = re.compile(r"(?P<scheme>https?)://(?P<host>[A-Za-z0-9.\-]+|\[[0-9A
 CADDY_DATA_HOME = "/var/lib/caddy/.local/share"
 INTERNAL_CA = f"{CADDY_DATA_HOME}/caddy/pki/authorities/local/root.crt"
 MAX_TIMEOUT = 7 * 24 * 3600
+# Seconds a client is told to wait (Retry-After) while the engine refuses connections: the
+# openai, Anthropic and AI SDKs follow a Retry-After of at most 60 s (a longer one falls back
+# to their own backoff of a second or two).
+RETRY_AFTER_MAX = 60
 # What the ingress answers with (OpenAI-style error bodies, so clients show the message).
 _JSON = "application/json"
 
@@ -261,8 +265,9 @@ def config(spec: dict[str, Any]) -> dict[str, Any]:
     (empty: every address), ``port``, ``public_url`` (what clients use; empty:
     ``https://<head>:<port>``, ``http://`` on loopback only), ``head`` (the inventory host,
     named in error bodies), ``unit`` (the server's systemd unit), ``upstream_timeout`` and
-    ``dial_timeout`` (seconds), ``key_path`` (the node's key file, reported only), and the
-    TLS keys of :func:`tls_spec`.
+    ``dial_timeout`` (seconds), ``retry_after`` (the seconds of the ``Retry-After`` sent with
+    the 503 while vLLM refuses connections), ``key_path`` (the node's key file, reported only),
+    and the TLS keys of :func:`tls_spec`.
     """
     if not isinstance(spec, dict):
         raise ValidationError(
@@ -277,6 +282,9 @@ def config(spec: dict[str, Any]) -> dict[str, Any]:
     )
     dial = validate.integer(
         "ingress_dial_timeout", spec.get("dial_timeout"), minimum=1, maximum=600
+    )
+    retry_after = validate.integer(
+        "ingress_retry_after", spec.get("retry_after"), minimum=1, maximum=RETRY_AFTER_MAX
     )
     key_path = validate.path("ingress_key_path", spec.get("key_path"))
     tls = tls_spec(spec, listen=listen, head=head, port=port)
@@ -299,12 +307,14 @@ def config(spec: dict[str, Any]) -> dict[str, Any]:
         # The first model listed: what a client that needs one URL uses.
         "endpoint": f"{public}{route_prefix('ingress_models[0].name', models[0]['name'])}/v1",
         "upstream_timeout": timeout,
+        # The Retry-After of the 503 a client gets while vLLM is down or restarting.
+        "retry_after": retry_after,
     }
     return {
         "result": result,
         "caddyfile": caddyfile(
             routes, site=site, head=head, unit=unit, timeout=timeout, dial=dial, tls=tls, port=port,
-            default_sni=public_host,
+            default_sni=public_host, retry_after=retry_after,
         ),
     }
 
@@ -416,7 +426,7 @@ def _site(site: str, tls: dict[str, Any] | None, port: int, default_sni: str) ->
 
 def caddyfile(
     routes: list[dict[str, Any]], *, site: str, head: str, unit: str, timeout: int, dial: int,
-    tls: dict[str, Any] | None = None, port: int = 0, default_sni: str = "",
+    tls: dict[str, Any] | None = None, port: int = 0, default_sni: str = "", retry_after: int = 10,
 ) -> str:
     """The whole Caddyfile; ``routes`` come from :func:`config` (validated, longest first)."""
     options, address, tls_lines = _site(site, tls, port, default_sni)
@@ -450,7 +460,7 @@ def caddyfile(
         )
         + " 404",
         "\t}",
-        *_upstream_errors(head, unit),
+        *_upstream_errors(head, unit, retry_after),
         "}",
     ]
     return "\n".join(lines) + "\n"
@@ -530,25 +540,41 @@ def _model_route(index: int, route: dict[str, Any], dial: int, timeout: int) -> 
     ]
 
 
-def _upstream_errors(head: str, unit: str) -> list[str]:
-    """A 502/503/504 from a route: JSON that names the model, the head and how to look."""
-    journal = f"journalctl -u {unit} -n 200 --no-pager"
+def _upstream_errors(head: str, unit: str, retry_after: int) -> list[str]:
+    """Caddy's own errors on a route, as OpenAI-style JSON naming the model, the head and how to look.
+
+    Caddy's reverse proxy answers 502 when the round trip fails without an answer: the
+    connection is refused (vLLM stopped, still binding, restarting under the watchdog or a
+    rollout) or closed before the response headers (the engine died under the request).
+    That becomes ``503`` with ``Retry-After`` at once, which agent clients (the openai and
+    AI SDKs, Claude Code) wait out and retry. A hang is not that: vLLM's silence runs into
+    ``response_header_timeout`` (504, left to the watchdog, which restarts a wedged engine),
+    and a status vLLM itself answers passes through untouched.
+    """
+    look = (
+        f"Look at {unit} on {head}: systemctl status {unit}; "
+        f"journalctl -u {unit} -n 200 --no-pager"
+    )
+    model = "the vLLM server for model {vars.ingress_model} ({vars.ingress_upstream} on " + head + ")"
     return [
         "\thandle_errors {",
-        "\t\t@upstream_down expression `{http.error.status_code} in [502, 503, 504]`",
+        "\t\t# Refused or dropped by vLLM (down, starting, restarting): tell the client to wait.",
+        "\t\t@engine_away expression `{http.error.status_code} == 502`",
+        f"\t\theader @engine_away Retry-After {retry_after}",
+        f"\t\theader @engine_away Content-Type {_JSON}",
+        "\t\trespond @engine_away "
+        + _json_error(
+            f"{model} is not accepting connections: the engine is down, starting or restarting. "
+            f"Retry after {retry_after} s. {look}",
+            503,
+            "service_unavailable",
+        )
+        + " 503",
+        "\t\t@upstream_down expression `{http.error.status_code} in [503, 504]`",
         f"\t\theader @upstream_down Content-Type {_JSON}",
         "\t\trespond @upstream_down "
         + _json_error(
-            "the vLLM server for model {vars.ingress_model} ({vars.ingress_upstream} on "
-            + head
-            + ") is not answering: it is down, starting or restarting. Look at "
-            + unit
-            + " on "
-            + head
-            + ": systemctl status "
-            + unit
-            + "; "
-            + journal,
+            f"{model} did not answer in time: it is hung or unreachable. {look}",
             "{http.error.status_code}",
             "upstream_unavailable",
         )

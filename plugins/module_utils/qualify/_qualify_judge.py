@@ -324,5 +324,6 @@ def http_problem(status: int, message: str, what: str) -> str:
         401: "the ingress refused the key: pass api_key (qualify_api_key_file)",
         404: "no such route: base_url must be the model's route (<public url>/<served name>/v1)",
         502: "the ingress answers but vLLM does not: look at the serving unit on the head",
+        503: "the ingress answers but vLLM is down or restarting: look at the serving unit on the head",
     }.get(status, "")
     return f"{what} answered HTTP {status}: {message[:300]}" + (f" ({fix})" if fix else "")

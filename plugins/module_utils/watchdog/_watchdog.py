@@ -141,7 +141,7 @@ class Watchdog:
 
         Caddy closes a connection that meets its reload (a key rotation, a new route) with an
         empty body: one more request a second later tells that from an ingress that is broken.
-        A timeout (a wedge) or an HTTP status (401, a 502 naming the unit) is never asked again.
+        A timeout (a wedge) or an HTTP status (401, a 503 naming the unit) is never asked again.
         """
         ingress = self.cfg["ingress"]
         probe = functools.partial(first_token, ingress["base_url"], ingress["model"], key,

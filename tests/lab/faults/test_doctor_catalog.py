@@ -86,7 +86,7 @@ CLIENT_RESULT = f"{STATE_DIR}/client.json"
 PLAN_RESULT = f"{STATE_DIR}/plan.json"
 OPENCODE = LAB_DIR / "opencode" / "opencode.json"
 BACKUP = "/root/doctor-catalog.bak"
-# Caddy's user may not reach vLLM's API on the head's loopback: the ingress answers 502.
+# Caddy's user may not reach vLLM's API on the head's loopback (refused): the ingress answers 503.
 UPSTREAM_BLOCK = ["OUTPUT", "-o", "lo", "-p", "tcp", "-d", "127.0.0.1", "--dport", "8000",
                   "-m", "owner", "--uid-owner", "caddy",
                   "-j", "REJECT", "--reject-with", "tcp-reset"]  # fmt: skip
@@ -114,7 +114,7 @@ EXPECTED = [
     ("F25", WORKER, "preflight.json findings", "error"),
     ("F14", WORKER, "--ipc=host", "error"),
     ("F17", WORKER, "--privileged", "error"),
-    ("F11", HEAD, "HTTP 502", "error"),
+    ("F11", HEAD, "HTTP 503", "error"),
     ("F7", "controller", "opencode.json", "error"),
     ("F8", "controller", "context 131072", "error"),
     ("F9", "controller", "prompt floor", "error"),

@@ -2,8 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ingress faults against the real lab (make lab first).
 
-1. vLLM stopped behind Caddy: a keyed request gets a 502 whose body names the
-   unit on the head and the journalctl command; started again, a token streams.
+1. vLLM stopped behind Caddy: a keyed request gets a 503 at once with Retry-After,
+   whose body names the unit on the head and the journalctl command; started again,
+   a token streams.
 2. A served name that would inject lines into the Caddyfile is refused before
    anything is written: the installed Caddyfile and Caddy's process are unchanged.
 3. An upstream listening on every address is refused (the key would be bypassed)
@@ -61,7 +62,7 @@ STREAM_TOKENS = 2000
 RECOVERY_SECONDS = 600
 
 
-def keyed_chat() -> tuple[int, str]:
+def keyed_chat() -> tuple[int, str, dict[str, str]]:
     body = json.dumps(
         {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     ).encode()
@@ -72,9 +73,9 @@ def keyed_chat() -> tuple[int, str]:
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read().decode("utf-8", "replace")
+            return response.status, response.read().decode("utf-8", "replace"), dict(response.headers)
     except urllib.error.HTTPError as err:
-        return err.code, err.read().decode("utf-8", "replace")
+        return err.code, err.read().decode("utf-8", "replace"), dict(err.headers)
 
 
 def caddy_state() -> tuple[str, str]:
@@ -92,14 +93,17 @@ def wait_for_token(seconds: float = RECOVERY_SECONDS) -> float:
     return time.monotonic() - started
 
 
-def test_a_dead_upstream_gets_a_502_naming_the_unit_and_recovers():
+def test_a_dead_upstream_gets_a_503_retry_after_naming_the_unit_and_recovers():
     assert streams_a_token(timeout=60), (
         "the lab does not serve through the ingress before the fault"
     )
     exec_on(HEAD, "systemctl", "stop", VLLM_UNIT, timeout=180)
     try:
-        status, body = keyed_chat()
-        assert status == 502, body
+        started = time.monotonic()
+        status, body, headers = keyed_chat()
+        assert status == 503 and time.monotonic() - started < 5, (status, body)
+        assert headers.get("Retry-After") == "10", headers
+        assert json.loads(body)["error"]["type"] == "service_unavailable", body
         message = json.loads(body)["error"]["message"]
         assert VLLM_UNIT in message and HEAD in message, message
         assert f"journalctl -u {VLLM_UNIT}" in message, message

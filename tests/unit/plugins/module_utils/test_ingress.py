@@ -34,6 +34,7 @@ BASE: dict[str, Any] = {
     "unit": "localinference-vllm.service",
     "upstream_timeout": 3600,
     "dial_timeout": 10,
+    "retry_after": 10,
     "key_path": "/etc/localinference/ingress/api-key.env",
     "ca_file": "/home/op/.config/localinference/ingress-ca.crt",
 }
@@ -72,7 +73,10 @@ def test_the_caddyfile_holds_what_the_issue_asks():
     # During a rotation the next key is accepted too, only while it is set.
     assert '"{$LOCALINFERENCE_INGRESS_API_KEY_NEXT}" != "" && ' in text
     assert "{env." not in text
-    # The 502 body names the unit and how to read its log.
+    # vLLM refusing (down, restarting): 503 with Retry-After, a body naming the unit and its log.
+    assert "@engine_away expression `{http.error.status_code} == 502`" in text
+    assert "header @engine_away Retry-After 10\n" in text
+    assert '"type": "service_unavailable", "code": 503}}` 503' in text
     assert "journalctl -u localinference-vllm.service" in text
     assert "on spark-head" in text
     # The key check comes before every model route.
