@@ -30,11 +30,15 @@ help:
 	@echo "make scale-up   create and converge the three-host lab and leave it up;  make scale-down  remove it"
 	@echo "make test-onehost the one-host lab (molecule/onehost): create, converge, idempotence, test, destroy"
 	@echo "make bench      every benchmark against 'make lab': prints the ratios, writes .lab/bench.json"
-	@echo "make soak       agent-shaped traffic over TLS with the key, one wedge and one link flap, against"
-	@echo "                'make lab' (SOAK_MINUTES, default 20): writes .lab/soak.json; exits 1 when the"
-	@echo "                endpoint never answered, a fault was not recovered or availability outside fault"
-	@echo "                windows is below SOAK_MIN_AVAILABILITY (default 99.0); not part of make test"
-	@echo "make soak-smoke the same for 3 minutes with one wedge and no link flap"
+	@echo "make soak       agent-shaped traffic over TLS with the key through a run of faults, one at a time,"
+	@echo "                against 'make lab' (SOAK_MINUTES, default 20): as many as fit; SOAK_MINUTES=60 causes"
+	@echo "                all seven (a wedged TP rank, the head's server killed, the link down SOAK_FLAP_S, a key"
+	@echo "                rotation, an upgrade reverted, one promoted, Caddy stopped); SOAK_FAULTS=wedge,caddy_stop"
+	@echo "                picks. Writes .lab/soak.json (outage and failed requests per fault, TTFT before/during/"
+	@echo "                after, the incidents, the goals); exits 1 when the endpoint never answered, a fault went"
+	@echo "                wrong or was not recovered, or availability outside fault windows is below"
+	@echo "                SOAK_MIN_AVAILABILITY (default 99.0); not part of make test"
+	@echo "make soak-smoke the same for 3 minutes with one wedge"
 	@echo "make test-release  build the tarball, install it offline, ansible-doc and --syntax-check from it"
 	@echo "make docs       the modules', plugins' and roles' docs as HTML in .lab/docs/html (antsibull-docs)"
 	@echo "make release    cut the version in galaxy.yml from changelogs/fragments (antsibull-changelog)"
@@ -179,19 +183,21 @@ bench: bootstrap
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
 # Bounded agent-shaped traffic (2-4 sessions, tool turns, growing context) against the lab's
-# ingress for SOAK_MINUTES, as a client talks to it (TLS with the ingress's CA, the key), with
-# one wedge left to the head's watchdog and one link flap (benchmarks/soak.py; SOAK_SESSIONS,
-# SOAK_DEADLINE_S, SOAK_FLAP_S, SOAK_READY_S, SOAK_MIN_AVAILABILITY, SOAK_ENDPOINT, SOAK_CA_FILE,
-# SOAK_KEY_FILE). Writes $(LAB)/soak.json and $(LAB)/soak-requests.jsonl; stops by itself and
-# exits 1 when the endpoint never answered before any fault (nothing written), a fault was not
-# caused or not recovered, or availability outside fault windows is below its floor.
-# soak-smoke: a few minutes, one wedge, no link flap. Neither is part of `make test`.
+# ingress for SOAK_MINUTES, as a client talks to it (TLS with the ingress's CA, the key), through
+# the faults that fit the minutes, spaced evenly (benchmarks/_soak_schedule.py: 60 minutes is all
+# seven; SOAK_FAULTS picks), each put back whatever happens (benchmarks/soak.py; SOAK_SESSIONS,
+# SOAK_DEADLINE_S, SOAK_FAULTS, SOAK_FLAP_S, SOAK_CADDY_S, SOAK_READY_S, SOAK_MIN_AVAILABILITY,
+# SOAK_ENDPOINT, SOAK_CA_FILE, SOAK_KEY_FILE). Writes $(LAB)/soak.json and
+# $(LAB)/soak-requests.jsonl; stops by itself and exits 1 when the endpoint never answered before
+# any fault (nothing written), a fault was not caused, went wrong or was not recovered, or
+# availability outside fault windows is below its floor.
+# soak-smoke: 3 minutes, one wedge. Neither is part of `make test`.
 SOAK_MINUTES ?= 20
 soak: bootstrap
 	SOAK_MINUTES=$(SOAK_MINUTES) $(BIN)/python benchmarks/soak.py
 
 soak-smoke: bootstrap
-	SOAK_MINUTES=3 SOAK_FLAP_S=0 $(BIN)/python benchmarks/soak.py --output $(LAB)/soak-smoke.json
+	SOAK_MINUTES=3 SOAK_FAULTS=wedge $(BIN)/python benchmarks/soak.py --output $(LAB)/soak-smoke.json
 
 # molecule's test sequence for the scenario $(1), one step at a time, destroy
 # running whatever happens and removing the controller files $(2) with it.

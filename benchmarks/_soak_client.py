@@ -13,11 +13,13 @@ Environment (each defaults to the lab's):
 - ``SOAK_ENDPOINT``: the OpenAI base URL (``.../v1``); else ``lab.harness.endpoint()``.
 - ``SOAK_CA_FILE``: the CA the endpoint's certificate is verified against; else
   ``.lab/ingress/ca.crt`` (required for https: the soak never falls back to no verification).
-- ``SOAK_KEY_FILE``: a file whose first line is the key; else ``lab.harness.api_key()``.
+- ``SOAK_KEY_FILE``: a file whose first line is the key; else ``lab.harness.api_key()``. Read
+  again after a 401 (:func:`with_fresh_key`): a key rotation rewrites both files.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import ipaddress
 import json
@@ -112,16 +114,29 @@ def target_from_env(environ: dict[str, str] | None = None) -> Target:
     if scheme == "https" and not Path(ca_file).is_file():
         raise LabError(f"no CA file {ca_file} to verify {base} against (make lab fetches the"
                        " ingress's; SOAK_CA_FILE names another)")
+    return Target(base, ca_file if scheme == "https" else None, read_key(env))
+
+
+def read_key(environ: dict[str, str] | None = None) -> str | None:
+    """The first line of ``SOAK_KEY_FILE``, else the lab's key; None when there is none."""
+    env = os.environ if environ is None else environ
     key_file = env.get("SOAK_KEY_FILE", "").strip()
-    if key_file:
-        try:
-            lines = Path(key_file).read_text(encoding="utf-8").splitlines()
-        except OSError as err:
-            raise LabError(f"cannot read the key SOAK_KEY_FILE={key_file}: {err}") from None
-        key = lines[0].strip() if lines else None
-    else:
-        key = api_key()
-    return Target(base, ca_file if scheme == "https" else None, key or None)
+    if not key_file:
+        return api_key()
+    try:
+        lines = Path(key_file).read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise LabError(f"cannot read the key SOAK_KEY_FILE={key_file}: {err}") from None
+    return (lines[0].strip() if lines else "") or None
+
+
+def with_fresh_key(target: Target, environ: dict[str, str] | None = None) -> Target | None:
+    """``target`` with its key read again, or None when it did not change (or cannot be read)."""
+    try:
+        key = read_key(environ)
+    except LabError:
+        return None
+    return None if key == target.key else dataclasses.replace(target, key=key)
 
 
 def retry_after(value: str | None, now: float | None = None) -> float | None:

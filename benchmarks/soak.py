@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A bounded soak of the lab's endpoint with agent-shaped traffic, one wedge and one link flap.
+"""A bounded soak of the lab's endpoint with agent-shaped traffic through a run of faults.
 
 ``SOAK_SESSIONS`` (2-4, default 3) sessions talk to the lab's ingress for ``SOAK_MINUTES``
 (default 20) as a coding agent does: TLS verified against the ingress's CA, the key, the
@@ -12,21 +12,29 @@ conversation goes on, each turn adding a part of a file, until its prompt nears 
 waits as told (at most 30 s) and asks again, and it is counted apart from failures.
 
 Before any fault the endpoint must stream a token within ``SOAK_READY_S`` (default 120 s);
-otherwise the soak stops at once with the error and exit 1, and writes no availability. At
-fixed fractions of the run one wedge is caused (``kill -STOP`` of the worker's TP rank, left
-to the head's watchdog; ``kill -CONT`` only when it did not recover it) and one link flap (the
-worker's cluster link down for ``SOAK_FLAP_S``, default 20 s, then up, always; 0: no flap).
-No fault is caused unless a request was answered before it.
+otherwise the soak stops at once with the error and exit 1, and writes no availability. The
+faults (benchmarks/_soak_schedule.py: a wedged TP rank, the head's server killed, the cluster
+link down ``SOAK_FLAP_S``, a key rotation, an upgrade that regresses and one that qualifies,
+Caddy stopped) are spaced evenly over the run, one at a time: as many as fit ``SOAK_MINUTES``
+(3: the wedge alone, 60: all seven), or those ``SOAK_FAULTS`` names (a comma list, or
+``none``). Each is caused as its lab test causes it and put back whatever happens
+(benchmarks/_soak_faults.py); the next waits until the clients were answered again. No fault
+is caused unless a request was answered before it. A session refused with 401 reads the key
+again (``SOAK_KEY_FILE`` or the lab's key file) and asks once more: a rotation changed it.
 
-Writes ``.lab/soak.json`` (availability overall and outside fault windows, deferred and failed
-requests, time to first token p50/p95 before, during and after each fault, the watchdog's
-incidents of the run) and every request to ``.lab/soak-requests.jsonl``. Exits 1 when nothing
-was measured, a fault was not caused or not recovered, availability outside fault windows is
-below ``SOAK_MIN_AVAILABILITY`` (percent, default 99.0) or nothing streams after the run.
+Writes ``.lab/soak.json`` (availability overall and outside fault windows; per fault its
+window, outage, failed and deferred requests and what put it back; time to first token p50/p95
+before the first fault, in fault windows and after the last, and around each fault; the
+watchdog's incidents of the run; the goals judged) and every request to
+``.lab/soak-requests.jsonl``. Exits 1 when nothing was measured, a fault was not caused, went
+wrong or was not recovered, availability outside fault windows is below
+``SOAK_MIN_AVAILABILITY`` (percent, default 99.0) or nothing streams after the run. The goals
+(>= 99.5 % answered outside fault windows; each outage <= the watchdog's detection + 1.3 x a
+plain restart, from ``make bench``'s watchdog part in .lab/bench.json) are printed as verdicts.
 Stops by itself; talks only to loopback and lab addresses (``SOAK_ENDPOINT``, ``SOAK_CA_FILE``,
 ``SOAK_KEY_FILE`` point it elsewhere on them).
 
-    SOAK_MINUTES=6 .venv/bin/python benchmarks/soak.py [--output .lab/soak.json]
+    SOAK_MINUTES=60 .venv/bin/python benchmarks/soak.py [--output .lab/soak.json]
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import _faults as faults
+from benchmarks import _soak_schedule as schedule
 from benchmarks._soak_client import (
     RETRY_AFTER_MAX,
     NeverAnswered,
@@ -55,11 +64,14 @@ from benchmarks._soak_client import (
     served_max_model_len,
     stream_chat,
     target_from_env,
+    with_fresh_key,
 )
-from benchmarks._soak_summary import Request, summarise, summary_lines, verdict
-from lab.harness import LAB_DIR, MODEL, ROOT, LabError, lab_up
+from benchmarks._soak_faults import Options, make
+from benchmarks._soak_summary import Request, goals, summarise, summary_lines, verdict
+from lab.harness import LAB_DIR, MODEL, ROOT, UPGRADE_TIMEOUT, LabError, lab_up
 
-WEDGE_AT, FLAP_AT = 0.2, 0.65
+# Quiet time, at least, between a fault's recovery and the next one.
+MIN_QUIET = 60
 # After the run: how long the watchdog has to bring a token back (the lab's
 # watchdog_ready_timeout_s) before the soak restarts the units itself.
 PUT_BACK_WAIT = 300
@@ -174,10 +186,11 @@ class Session(threading.Thread):
 
 class Soak:
     def __init__(self, target: Target, minutes: float, sessions: int, deadline: float,
-                 flap_seconds: float) -> None:
+                 plan: list[schedule.Planned], options: Options | None = None) -> None:
         self.target, self.seconds, self.sessions, self.deadline = target, minutes * 60, sessions, deadline
-        self.flap_seconds = flap_seconds
-        self.planned = ["wedge"] + (["link_flap"] if flap_seconds else [])
+        self.plan, self.options = plan, options or Options()
+        self.planned = [p.name for p in plan]
+        self.key_reloads = 0
         self.max_model_len = served_max_model_len(target) or 4096
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -211,14 +224,19 @@ class Soak:
                 "max_tokens": MAX_TOKENS, "stream": True, "stream_options": {"include_usage": True}}
         started = self.now()
         reply, error, deferred, wait = None, None, False, None
-        try:
-            reply = stream_chat(self.target, body, self.deadline)
-        except TimeoutError:
-            error = f"no answer within the {self.deadline:g} s deadline"
-        except Refused as err:
-            error, deferred, wait = str(err), err.deferred, err.retry_after
-        except RuntimeError as err:
-            error = str(err)
+        for attempt in (1, 2):
+            try:
+                reply = stream_chat(self.target, body, self.deadline)
+            except TimeoutError:
+                error = f"no answer within the {self.deadline:g} s deadline"
+            except Refused as err:
+                error, deferred, wait = str(err), err.deferred, err.retry_after
+                if err.status == 401 and attempt == 1 and self.fresh_key():
+                    error, deferred, wait = None, False, None
+                    continue
+            except RuntimeError as err:
+                error = str(err)
+            break
         kind = "" if reply is None else "tool_call" if reply["tool_calls"] else "answer"
         record = Request(session, conversation, turn, round(started, 3), round(self.now() - started, 3),
                          reply is not None, None if reply is None or reply["ttft"] is None
@@ -228,6 +246,16 @@ class Soak:
         with self.lock:
             self.requests.append(record)
         return reply, record
+
+    def fresh_key(self) -> bool:
+        """After a 401: the key read again (a rotation rewrote it); False when it is the same."""
+        with self.lock:
+            fresh = with_fresh_key(self.target)
+            if fresh is None:
+                return False
+            self.target = fresh
+            self.key_reloads += 1
+            return True
 
     # --- the faults --------------------------------------------------------
     def answered_yet(self) -> bool:
@@ -241,45 +269,61 @@ class Soak:
         self.stop.set()
         return False
 
-    def faults_run(self) -> None:
-        try:
-            self.pause(WEDGE_AT * self.seconds - self.now())
-            if not self.over() and self.answered_yet():
-                self.wedge()
-            if not self.flap_seconds or self.never_answered:
-                return
-            # Not before the watchdog has ended the wedge: one fault at a time.
-            self.pause(FLAP_AT * self.seconds - self.now())
-            if self.now() + self.flap_seconds < self.seconds and not self.over() and self.answered_yet():
-                self.flap()
-            elif not self.never_answered:
-                self.notes.append("the link flap did not fit before the end of the run")
-        except LabError as err:
-            self.notes.append(f"a fault could not be caused: {err}")
+    def waiting(self, seconds: float) -> bool:
+        """Wait (the run's clock allowing); False once the run is over."""
+        self.pause(seconds)
+        return not self.over()
 
-    def wedge(self) -> None:
-        pids, _ = faults.stop_rank()
+    def faults_run(self) -> None:
+        """The faults one at a time, each at its time or MIN_QUIET after the last one's recovery."""
+        ready_at = 0.0
+        for index, planned in enumerate(self.plan):
+            self.pause(max(planned.at, ready_at) - self.now())
+            fits = self.now() + planned.spec.needs_minutes * 60 <= self.seconds
+            if self.over() or not fits:
+                left = ", ".join(p.name for p in self.plan[index:])
+                self.notes.append(f"{left}: did not fit before the end of the run")
+                return
+            if not self.answered_yet():
+                return
+            self.cause(planned)
+            ready_at = self.now() + MIN_QUIET
+
+    def cause(self, planned: schedule.Planned) -> None:
+        """One fault: caused, settled, put back (always), then the clients answered again."""
+        fault = make(planned.spec, self.options)
         injected, injected_epoch = self.now(), time.time()
-        recovered = None
+        settled: dict[str, Any] = {}
+        errors, note = [], None
         self.fault_open.set()
         try:
-            while not self.over() and recovered is None:
-                recovered = faults.first_incident(injected_epoch - 1, verdict="wedged", outcome=faults.ENDED)
-                if recovered is None:
-                    self.pause(2.0)
+            try:
+                fault.cause()
+                settled = fault.settle(self.waiting)
+            except LabError as err:
+                errors.append(f"{'caused, then' if fault.caused else 'could not be caused:'} {err}")
+            finally:
+                try:
+                    note = fault.put_back(settled)
+                except LabError as err:
+                    errors.append(f"putting it back failed: {err}")
+            ended = self.now()
+            self.wait_for_an_answer(ended)
         finally:
-            if recovered is None or recovered["outcome"] != "recovered":
-                faults.cont_rank(pids)
-                self.notes.append("the watchdog did not recover the wedge: the rank got kill -CONT")
-            self.wait_for_an_answer(injected)
             self.fault_open.clear()
-        # The window ends when the watchdog recorded its outcome (or at the kill -CONT).
-        ended_epoch = float((recovered or {}).get("epoch") or 0) or time.time()
-        self.faults.append({"name": "wedge", "planned": round(WEDGE_AT * self.seconds, 1),
-                            "injected": round(injected, 1), "ended": round(injected, 1),
-                            "window_end": round(max(injected, ended_epoch - self.start_epoch), 1),
-                            "injected_epoch": round(injected_epoch, 3),
-                            "watchdog_outcome": None if recovered is None else recovered["outcome"]})
+        if not fault.caused:
+            self.notes.append(f"the {planned.name} could not be caused: {'; '.join(errors)}")
+            return
+        window_end = settled.get("window_end_epoch")
+        self.faults.append({
+            "name": planned.name, "caused_by": planned.spec.caused, "planned": planned.at,
+            "injected": round(injected, 1), "ended": round(ended, 1),
+            "window_end": round(max(injected, float(window_end) - self.start_epoch), 1) if window_end else None,
+            "injected_epoch": round(injected_epoch, 3), "restarts": planned.spec.restarts,
+            "watchdog_expected": planned.spec.watchdog is not None,
+            **{k: v for k, v in settled.items() if k != "window_end_epoch"},
+            "put_back": note, "error": "; ".join(filter(None, [fault.error, *errors])) or None,
+        })
 
     def wait_for_an_answer(self, since: float) -> None:
         """Keep the run going (within the grace) until a request started after ``since`` is answered."""
@@ -288,17 +332,6 @@ class Soak:
                 if any(r.ok and r.started > since for r in self.requests):
                     return
             self.pause(1.0)
-
-    def flap(self) -> None:
-        faults.link("down")
-        injected, injected_epoch = self.now(), time.time()
-        try:
-            self.stop.wait(self.flap_seconds)
-        finally:
-            faults.link("up")
-        self.faults.append({"name": "link_flap", "planned": round(FLAP_AT * self.seconds, 1),
-                            "injected": round(injected, 1), "ended": round(self.now(), 1),
-                            "injected_epoch": round(injected_epoch, 3)})
 
     def run(self) -> dict[str, Any]:
         self.start, self.start_epoch = time.monotonic(), time.time()
@@ -312,7 +345,8 @@ class Soak:
                 session.join(timeout=max(1.0, self.seconds + self.grace - self.now()) + self.deadline + 30)
         finally:
             self.stop.set()  # also on Ctrl-C: the fault thread puts the lab back
-            fault_thread.join(timeout=120)
+            # Every lab command it runs is bounded (an upgrade's playbook by UPGRADE_TIMEOUT).
+            fault_thread.join(timeout=2 * UPGRADE_TIMEOUT)
         if self.never_answered:
             raise NeverAnswered(self.never_answered)
         time.sleep(2)  # the watchdog's last record of the run
@@ -323,6 +357,7 @@ class Soak:
             {k: r.get(k) for k in ("time", "verdict", "action", "outcome", "detect_seconds",
                                    "recover_seconds", "evidence")} for r in records]
         result["notes"] = self.notes
+        result["key_reloads"] = self.key_reloads
         return result
 
 
@@ -339,6 +374,18 @@ def put_back(target: Target) -> dict[str, Any]:
     except LabError as err:
         return {"streams": False, "restarted_by_hand": True, "error": str(err)}
     return {"streams": True, "restarted_by_hand": True}
+
+
+def bench_watchdog(path: Path) -> dict[str, Any] | None:
+    """make bench's watchdog part (its detection and plain restart), or None when it has not run."""
+    try:
+        part = json.loads(path.read_text()).get("parts", {}).get("watchdog")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(part, dict) or "plain_restart_seconds" not in part:
+        return None
+    return {k: part.get(k) for k in ("watchdog_detect_seconds", "plain_restart_seconds",
+                                     "watchdog_recover_ratio")}
 
 
 def requests_log(output: Path) -> Path:
@@ -361,6 +408,11 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=env_number("SOAK_DEADLINE_S", 30))
     parser.add_argument("--flap-seconds", type=float, default=env_number("SOAK_FLAP_S", 20),
                         help="the link flap's length; 0: no link flap")
+    parser.add_argument("--faults", default=os.environ.get("SOAK_FAULTS", ""),
+                        help=f"comma list of {', '.join(s.name for s in schedule.FAULTS)}, or none;"
+                             " default: as many as fit the minutes")
+    parser.add_argument("--caddy-seconds", type=float, default=env_number("SOAK_CADDY_S", 120),
+                        help="how long Caddy may stay stopped before the soak starts it itself")
     parser.add_argument("--ready-seconds", type=float, default=env_number("SOAK_READY_S", 120),
                         help="how long the endpoint has to stream a first token before any fault")
     parser.add_argument("--min-availability", type=float, default=env_number("SOAK_MIN_AVAILABILITY", 99.0),
@@ -377,6 +429,13 @@ def main() -> int:
         parser.error("--deadline must be 5-300 s and --flap-seconds 0 (none) or 1-120 s")
     if not 1 <= args.ready_seconds <= 900 or not 0 <= args.min_availability <= 100:
         parser.error("--ready-seconds (SOAK_READY_S) must be 1-900 s, --min-availability 0-100 %")
+    if not 10 <= args.caddy_seconds <= 600:
+        parser.error("--caddy-seconds (SOAK_CADDY_S) must be 10-600 s")
+    try:
+        args.plan = schedule.schedule(schedule.select(args.faults, args.minutes, args.flap_seconds),
+                                      args.minutes)
+    except ValueError as err:
+        parser.error(str(err))
     try:
         target = target_from_env()
         # As a client, before anything touches the lab: a soak of an endpoint that never
@@ -389,7 +448,7 @@ def main() -> int:
         print(f"soak: {err}", file=sys.stderr)
         return 2
     print(f"soak: {target.chat_url} answered (first token in {ready['ttft_s']} s, {ready['attempts']}"
-          " attempt(s)); the soak starts", flush=True)
+          f" attempt(s)); the soak starts; its faults:\n{schedule.describe(args.plan)}", flush=True)
     if not lab_up():
         print("needs the lab hosts spark-head and spark-worker running (make lab)", file=sys.stderr)
         return 2
@@ -418,24 +477,34 @@ def soak_run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     from benchmarks.bench import LoadSampler, git_commit, machine
 
     ready = faults.wait_watched_and_serving()
-    if ready["budget_left"] is not None and ready["budget_left"] < 1:
-        raise LabError("the watchdog's restart budget is spent: the wedge would only page")
-    soak = Soak(target, args.minutes, args.sessions, args.deadline, args.flap_seconds)
+    needed = schedule.watchdog_restarts([p.spec for p in args.plan])
+    if ready["budget_left"] is not None and ready["budget_left"] < needed:
+        raise LabError(f"the watchdog may restart {ready['budget_left']} more time(s) in its window and"
+                       f" the faults need {needed}: it would only page; wait for its window"
+                       " (watchdog_restart_window_s) to pass, or pick fewer with SOAK_FAULTS")
+    options = Options(args.flap_seconds, args.caddy_seconds, args.output.parent / "soak-upgrades")
+    soak = Soak(target, args.minutes, args.sessions, args.deadline, args.plan, options)
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     with LoadSampler() as load:
         result = soak.run()
     document = {
         "started_at": started_at,
         "minutes": args.minutes, "sessions": args.sessions, "deadline_s": args.deadline,
-        "flap_seconds": args.flap_seconds, "min_availability_percent": args.min_availability,
+        "flap_seconds": args.flap_seconds, "caddy_seconds": args.caddy_seconds,
+        "schedule": [{"name": p.name, "at_s": p.at, "caused_by": p.spec.caused} for p in args.plan],
+        "min_availability_percent": args.min_availability,
         "endpoint": target.chat_url, "ca_file": target.ca_file, "max_model_len": soak.max_model_len,
         "machine": machine(), "load_during": load.summary(), "git": git_commit(),
         **result,
     }
-    document["after"] = {**put_back(target), "watchdog_active": faults.watchdog_active()}
+    # With the key a rotation left in the key file.
+    after = with_fresh_key(soak.target) or soak.target
+    document["after"] = {**put_back(after), "watchdog_active": faults.watchdog_active()}
     if document["after"]["restarted_by_hand"]:
         document["notes"].append("nothing streamed after the run: the units were restarted by hand")
     document["failures"] = verdict(document, args.min_availability)
+    document["bench_watchdog"] = bench_watchdog(args.output.parent / "bench.json")
+    document["goals"] = goals(document, document["bench_watchdog"])
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(document, indent=2) + "\n")
     log = requests_log(args.output)

@@ -669,3 +669,47 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float, every: flo
             return value
         time.sleep(every)
     raise AssertionError(f"{what} did not happen within {timeout:g} s")
+
+
+# --- faults the fault tests and the soak cause alike (tests/lab/faults, benchmarks/soak.py) ---
+# The ingress's unit on the head (roles/ingress: ingress_service).
+INGRESS_UNIT = "caddy.service"
+# The head's vLLM server, by its command line (the worker's rank is RANK_PATTERN).
+HEAD_SERVER_PATTERN = "vllm serve"
+# What the upgrade's qualifications measure in the lab (the scripted model has no other).
+QUALIFY_CHECKS = ("smoke", "tools", "concurrency")
+UPGRADE_TIMEOUT = 2400
+
+
+def kill_head_server() -> list[str]:
+    """``kill -KILL`` of the head's vLLM server; returns its pids (LabError when none runs)."""
+    pids = exec_on(HEAD, "pgrep", "-f", HEAD_SERVER_PATTERN, check=False).stdout.split()
+    if not pids:
+        raise LabError(f"no {HEAD_SERVER_PATTERN!r} process on {HEAD}: is the lab serving?")
+    exec_on(HEAD, "kill", "-KILL", *pids)
+    return pids
+
+
+def rotate_key() -> PlaybookRun:
+    """ingress.yml with ``ingress_rotate_key`` and ``--diff`` (which must print no key): a new
+    key on the head, Caddy reloaded, :data:`API_KEY_FILE` and the client's env file rewritten."""
+    return run_playbook("ingress.yml", "--diff", extra_vars={"ingress_rotate_key": True}, timeout=600)
+
+
+def serving_hashes() -> set[str]:
+    """The recipe hash each node's saved serving state names (one when the cluster agrees)."""
+    return {read_json(host, SERVING_STATE)["recipe_hash"] for host in HOSTS}
+
+
+def qualify(saved_path: str, report_dir: Path, checks: Sequence[str] = QUALIFY_CHECKS) -> PlaybookRun:
+    """qualify.yml saving its verdict at ``saved_path`` (not the lab's own qualify.json)."""
+    return run_playbook("qualify.yml", extra_vars={
+        "qualify_checks": list(checks), "qualify_saved_path": saved_path, "qualify_report_dir": str(report_dir)})
+
+
+def upgrade(changes: Mapping[str, Any], saved_path: str, report_dir: Path,
+            checks: Sequence[str] = QUALIFY_CHECKS) -> PlaybookRun:
+    """upgrade.yml with ``upgrade_set: changes``, qualified against the verdict at ``saved_path``."""
+    return run_playbook("upgrade.yml", extra_vars={
+        "upgrade_set": dict(changes), "qualify_checks": list(checks), "qualify_saved_path": saved_path,
+        "qualify_report_dir": str(report_dir)}, timeout=UPGRADE_TIMEOUT)

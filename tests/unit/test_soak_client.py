@@ -265,9 +265,11 @@ def test_the_environment_points_the_soak_and_https_needs_a_ca(tmp_path):
 
 
 def test_a_session_waits_as_told_and_counts_the_deferral_apart(serve, pki):
+    from benchmarks._soak_schedule import schedule, select
     from benchmarks.soak import Session, Soak
 
-    run = Soak(target(serve("defer-once"), pki[0]), minutes=0.05, sessions=2, deadline=5, flap_seconds=0)
+    plan = schedule(select("", 2), 2)
+    run = Soak(target(serve("defer-once"), pki[0]), minutes=0.05, sessions=2, deadline=5, plan=plan)
     assert (run.max_model_len, run.planned) == (2048, ["wedge"])
     run.start = time.monotonic()
     session = Session(1, run)
@@ -277,3 +279,32 @@ def test_a_session_waits_as_told_and_counts_the_deferral_apart(serve, pki):
     assert (first.ok, first.deferred, first.retry_after, first.error) == (
         False, True, 1.0, "HTTP 503: the engine is restarting")
     assert second.ok and second.started - first.started >= 1.0
+
+
+def test_after_a_key_rotation_a_401_reads_the_key_file_again_once(serve, pki, tmp_path, monkeypatch):
+    from benchmarks.soak import Soak
+
+    key_file = tmp_path / "api-key"
+    key_file.write_text("sk-before-the-rotation\n")
+    monkeypatch.setenv("SOAK_KEY_FILE", str(key_file))
+    base = serve("stream")
+    run = Soak(target(base, pki[0], key="sk-before-the-rotation"), minutes=1, sessions=2, deadline=5, plan=[])
+    run.start = time.monotonic()
+    reply, record = run.send(1, 1, 1, [{"role": "user", "content": "hi"}])
+    # The file still holds the refused key: the 401 is a failure, asked once.
+    assert reply is None and record.error == "HTTP 401: unauthorized" and run.key_reloads == 0
+    key_file.write_text(KEY + "\n")  # the rotation rewrote it
+    reply, record = run.send(1, 1, 2, [{"role": "user", "content": "hi"}])
+    assert reply is not None and record.ok and record.error is None
+    assert (run.key_reloads, run.target.key) == (1, KEY)
+    assert [r.ok for r in run.requests] == [False, True]
+
+
+def test_with_fresh_key_is_none_when_the_key_did_not_change(tmp_path):
+    key_file = tmp_path / "api-key"
+    key_file.write_text("sk-1\n")
+    env = {"SOAK_KEY_FILE": str(key_file)}
+    assert client.with_fresh_key(client.Target("https://127.0.0.1:9/v1", None, "sk-1"), env) is None
+    assert client.with_fresh_key(client.Target("https://127.0.0.1:9/v1", None, "sk-0"), env).key == "sk-1"
+    assert client.with_fresh_key(client.Target("https://127.0.0.1:9/v1", None, "sk-0"),
+                                 {"SOAK_KEY_FILE": str(tmp_path / "gone")}) is None

@@ -12,6 +12,8 @@ from benchmarks._faults import parse_metrics, watchdog_verdict
 from benchmarks._soak_client import check_address
 from benchmarks._soak_summary import (
     Request,
+    goal_lines,
+    goals,
     incident_counts,
     percentile,
     summarise,
@@ -222,7 +224,8 @@ def test_verdict(changes, floor, failures):
 
 
 def test_verdict_fails_a_wedge_not_recovered_and_a_run_that_measured_nothing():
-    wedge = {"name": "wedge", "injected": 4.0, "ended": 4.0, "watchdog_outcome": None}
+    wedge = {"name": "wedge", "injected": 4.0, "ended": 4.0, "watchdog_outcome": None,
+             "watchdog_expected": True}
     never = summarise([req(0), req(5, ok=False)], [wedge], [])
     assert verdict({**never, "planned_faults": ["wedge"]}, 99.0) == [
         "the wedge at 4 s was not recovered before the end (no request answered after it)",
@@ -243,3 +246,116 @@ def test_the_report_never_prints_an_availability_it_did_not_measure():
     assert "%" not in text
     measured = summary_lines(document())
     assert "availability 97.56%, outside fault windows 100.00%" in measured
+
+
+def hour_log() -> tuple[list[Request], list[dict]]:
+    """A synthetic run of three faults: a wedge (one spell), a key rotation nobody noticed, an
+    upgrade with two boots (two spells, deferred while the rollout held the engine)."""
+    requests = (
+        [req(t, ttft=0.2) for t in range(0, 20)]                       # before: 20 answered
+        + [req(t, ok=False) for t in (20, 25, 30)]                     # the wedge at 20
+        + [req(t, ttft=2.0) for t in range(40, 60)]                    # back at 40
+        + [req(t, ttft=0.3) for t in range(60, 70)]                    # the rotation at 60: unnoticed
+        + [req(t, ttft=0.2) for t in range(70, 100)]                   # quiet
+        + [deferred(100), deferred(105), req(110, ttft=4.0)]           # the upgrade at 100: first boot
+        + [req(t, ttft=0.5) for t in range(111, 130)]                  # qualified meanwhile
+        + [req(130, ok=False), deferred(135), req(142, ttft=3.0)]      # second boot (the revert)
+        + [req(t, ttft=0.2) for t in range(150, 170)]                  # after
+    )
+    faults = [
+        {"name": "wedge", "injected": 20.0, "ended": 38.0, "window_end": 38.0, "restarts": 1,
+         "watchdog_expected": True, "watchdog_outcome": "recovered"},
+        {"name": "key_rotation", "injected": 60.0, "ended": 60.0, "restarts": 0},
+        {"name": "upgrade_regress", "injected": 100.0, "ended": 141.0, "restarts": 2},
+    ]
+    return requests, faults
+
+
+def test_each_faults_outage_is_its_unanswered_spells():
+    requests, faults = hour_log()
+    result = summarise(requests, faults, [])
+    wedge, rotation, upgrade = (result["faults"][n] for n in ("wedge", "key_rotation", "upgrade_regress"))
+    assert (wedge["outage_seconds"], wedge["spells"], wedge["failed"], wedge["deferred"]) == (20, [[20, 40]], 3, 0)
+    assert (wedge["recovered"], wedge["recovery_seconds"], wedge["window"]) == (40, 20, [20, 40])
+    assert (rotation["outage_seconds"], rotation["spells"], rotation["failed"]) == (0, [], 0)
+    assert rotation["window"] == [60, 60] and rotation["recovery_seconds"] == 0
+    # Two boots: 100-110 and 130-142; the qualification in between was served.
+    assert upgrade["spells"] == [[100, 110], [130, 142]] and upgrade["outage_seconds"] == 22
+    assert (upgrade["failed"], upgrade["deferred"], upgrade["window"]) == (1, 3, [100, 142])
+    assert upgrade["during"]["ttft_p50_s"] == 0.5
+
+
+def test_ttft_before_the_first_fault_in_the_windows_and_after_the_last():
+    requests, faults = hour_log()
+    phases = summarise(requests, faults, [])["phases"]
+    assert phases["before"]["requests"] == 20 and phases["before"]["ttft_p95_s"] == 0.2
+    during = phases["during"]
+    assert (during["requests"], during["answered"], during["failed"], during["deferred"]) == (27, 20, 4, 3)
+    assert during["ttft_p50_s"] == 0.5 and during["ttft_p95_s"] == pytest.approx(0.675)
+    after = phases["after"]
+    assert (after["from_s"], after["requests"], after["ttft_p50_s"]) == (142, 21, 0.2)
+
+
+def test_no_fault_is_all_before_and_an_open_window_has_no_after():
+    assert summarise([req(0), req(1)], [], [])["phases"]["during"] is None
+    result = summarise([req(0), req(5, ok=False)], [{"name": "wedge", "injected": 4.0, "ended": 4.0}], [])
+    assert result["phases"]["after"] is None
+    assert (result["faults"]["wedge"]["outage_seconds"], result["faults"]["wedge"]["spells"]) == (None, [[4, None]])
+
+
+BENCH = {"watchdog_detect_seconds": 20.0, "plain_restart_seconds": 50.0, "watchdog_recover_ratio": 1.6}
+
+
+def test_goals_judge_each_outage_against_detection_plus_1_3_plain_restarts():
+    requests, faults = hour_log()
+    document = summarise(requests, faults, [])
+    rows = goals(document, BENCH)
+    assert [(r["goal"].split(" <= ")[0], r["value"], r["budget"] if "fault" in r else None, r["met"])
+            for r in rows] == [
+        ("answered outside fault windows >= 99.5 %", 100.0, None, True),
+        ("wedge outage", 20.0, 85.0, True),
+        ("key_rotation outage", 0.0, 85.0, True),
+        ("upgrade_regress outage", 22.0, 150.0, True),  # two boots by design: 20 + 1.3 x 50 x 2
+    ]
+    assert rows[3]["goal"] == ("upgrade_regress outage <= 150 s (20 s detection + 1.3 x 50 s plain restart x 2)")
+    slow = goals({**document, "faults": {"wedge": {**document["faults"]["wedge"], "outage_seconds": 90.0}}}, BENCH)
+    assert slow[1]["met"] is False
+    assert goal_lines(slow)[1] == "GOAL wedge outage <= 85 s (20 s detection + 1.3 x 50 s plain restart): 90: NOT met"
+
+
+def test_goals_not_judged_without_make_bench_and_availability_below_the_goal():
+    requests, faults = hour_log()
+    document = {**summarise(requests, faults, []), "availability_outside_faults": 0.994}
+    rows = goals(document, None)
+    assert rows[0]["met"] is False and all(r["met"] is None for r in rows[1:])
+    lines = goal_lines(rows)
+    assert lines[0] == "GOAL answered outside fault windows >= 99.5 %: 99.4: NOT met"
+    assert lines[1] == ("GOAL wedge outage <= the watchdog's detection + 1.3 x a plain restart: 20:"
+                        " not judged (no watchdog part in .lab/bench.json: make bench)")
+    assert goals(document, {"plain_restart_seconds": float("nan"), "watchdog_detect_seconds": 20})[1]["met"] is None
+
+
+def test_verdict_fails_a_fault_that_went_wrong_or_the_watchdog_did_not_end():
+    requests, faults = hour_log()
+    faults[1]["error"] = "ingress.yml -e ingress_rotate_key=true failed (rc 2)"
+    faults[0]["watchdog_outcome"] = "budget-spent"
+    document = {**summarise(requests, faults, []), "planned_faults": [f["name"] for f in faults]}
+    assert verdict(document, 99.0) == [
+        "the watchdog did not recover the wedge (outcome budget-spent)",
+        "the key_rotation went wrong: ingress.yml -e ingress_rotate_key=true failed (rc 2)",
+    ]
+
+
+def test_the_report_shows_each_fault_the_phases_the_incidents_and_the_goals():
+    requests, faults = hour_log()
+    document = {**summarise(requests, faults, []), "minutes": 60, "sessions": 3, "deadline_s": 30,
+                "notes": [], "incident_records": [{"time": "12:00:01", "verdict": "wedged", "action": "restart",
+                                                   "outcome": "recovered", "evidence": "no token"}]}
+    document["faults"]["upgrade_regress"]["put_back"] = "the inventory's recipe was rolled out again"
+    document["goals"] = goals(document, BENCH)
+    text = summary_lines(document)
+    assert "upgrade_regress at 100 s: outage 22.0 s unanswered, 1 failed, 3 deferred;" in text
+    assert "  put back: the inventory's recipe was rolled out again" in text
+    assert "before the first fault: 20 requests, 0 failed, 0 deferred, availability 100.00%" in text
+    assert "  incident 12:00:01: wedged (restart, recovered): no token" in text
+    assert "GOAL wedge outage <= 85 s" in text

@@ -35,6 +35,7 @@ from lab.harness import (
     HEAD,
     HOSTS,
     INGRESS_CA_FILE,
+    INGRESS_UNIT,
     LAB_DIR,
     MODEL,
     VLLM_UNIT,
@@ -43,6 +44,7 @@ from lab.harness import (
     endpoint,
     exec_on,
     incidents,
+    rotate_key,
     run_playbook,
     streams_a_token,
     wait_for,
@@ -80,7 +82,7 @@ def keyed_chat() -> tuple[int, str, dict[str, str]]:
 
 def caddy_state() -> tuple[str, str]:
     digest = exec_on(HEAD, "sha256sum", CADDYFILE).stdout.split()[0]
-    pid = exec_on(HEAD, "systemctl", "show", "-p", "MainPID", "--value", "caddy.service").stdout
+    pid = exec_on(HEAD, "systemctl", "show", "-p", "MainPID", "--value", INGRESS_UNIT).stdout
     return digest, pid.strip()
 
 
@@ -199,7 +201,7 @@ def long_stream(key: str, record: dict[str, Any]) -> None:
 
 def caddy_reloads(since: float) -> list[float]:
     """Epochs at which systemd finished reloading Caddy since ``since``."""
-    journal = exec_on(HEAD, "journalctl", "-u", "caddy.service", "-o", "short-unix", "--no-pager",
+    journal = exec_on(HEAD, "journalctl", "-u", INGRESS_UNIT, "-o", "short-unix", "--no-pager",
                       "-q", "--since", f"@{int(since)}", check=False).stdout  # fmt: skip
     return [float(line.split()[0]) for line in journal.splitlines() if "Reloaded" in line]
 
@@ -229,9 +231,7 @@ def test_a_key_rotation_keeps_a_stream_in_flight_and_refuses_the_old_key():
     reader = threading.Thread(target=long_stream, args=(old, stream), daemon=True)
     reader.start()
     wait_for("the stream's first chunk", lambda: stream.get("chunks", 0) > 0, 60, every=0.2)
-    run = run_playbook(
-        "ingress.yml", "--diff", extra_vars={"ingress_rotate_key": True}, timeout=600
-    )
+    run = rotate_key()
     rotated = time.time()
     assert run.rc == 0, run.tail()
 

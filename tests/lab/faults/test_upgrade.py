@@ -16,44 +16,25 @@ was). Four rollouts with boots and three qualifications: about 12 min in the lab
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from lab.harness import (
     HEAD,
-    HOSTS,
     exec_on,
     inventory_recipe,
+    qualify,
     read_json,
     rollout,
-    run_playbook,
+    serving_hashes,
     streams_a_token,
+    upgrade,
 )
 
 pytestmark = [pytest.mark.lab, pytest.mark.extended, pytest.mark.usefixtures("lab_hosts")]
 
 SAVED = "/etc/localinference/qualify-upgrade-test.json"
-SERVING = "/etc/localinference/serving.json"
 LOCK = "/etc/localinference/stack.lock.json"
-CHECKS = ["smoke", "tools", "concurrency"]
-
-
-def serving_hashes() -> set[str]:
-    return {read_json(host, SERVING)["recipe_hash"] for host in HOSTS}
-
-
-def upgrade(report_dir: Path, changes: dict) -> object:
-    return run_playbook(
-        "upgrade.yml",
-        extra_vars={
-            "upgrade_set": changes,
-            "qualify_checks": CHECKS,
-            "qualify_saved_path": SAVED,
-            "qualify_report_dir": str(report_dir),
-        },
-        timeout=2400,
-    )
 
 
 def test_an_upgrade_that_regresses_reverts_and_one_that_qualifies_is_promoted(tmp_path):
@@ -63,17 +44,10 @@ def test_an_upgrade_that_regresses_reverts_and_one_that_qualifies_is_promoted(tm
     assert len(before) == 1, before
     try:
         # The baseline: the serving stack qualified under this test's saved verdict.
-        base = run_playbook(
-            "qualify.yml",
-            extra_vars={
-                "qualify_checks": CHECKS,
-                "qualify_saved_path": SAVED,
-                "qualify_report_dir": str(tmp_path / "base"),
-            },
-        )
+        base = qualify(SAVED, tmp_path / "base")
         assert base.rc == 0, base.tail()
 
-        reverted = upgrade(tmp_path / "half", {"max_num_seqs": max(1, streams // 2)})
+        reverted = upgrade({"max_num_seqs": max(1, streams // 2)}, SAVED, tmp_path / "half")
         assert reverted.rc != 0, "a reverted upgrade must end the run failed"
         assert (
             "UPGRADE: reverted: the last good stack serves again (verdict challenger)"
@@ -86,7 +60,7 @@ def test_an_upgrade_that_regresses_reverts_and_one_that_qualifies_is_promoted(tm
         assert serving_hashes() == before
         assert streams_a_token(timeout=60)
 
-        promoted = upgrade(tmp_path / "seed", {"seed": 1234})
+        promoted = upgrade({"seed": 1234}, SAVED, tmp_path / "seed")
         assert promoted.rc == 0, promoted.tail()
         assert (
             "UPGRADE: promoted: the new stack serves and is the last good one (verdict promote)"

@@ -21,6 +21,7 @@ import pytest
 from lab.harness import (
     CLUSTER_IF,
     HEAD,
+    INGRESS_UNIT,
     RANK_PATTERN,
     VLLM_UNIT,
     WATCHDOG_STATE,
@@ -29,6 +30,7 @@ from lab.harness import (
     exec_on,
     incidents,
     inventory_var,
+    kill_head_server,
     rank_pids,
     reset_watchdog_budget,
     streams_a_token,
@@ -39,7 +41,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.watchdog, pytest.mark.usefixtures("la
 
 WATCHDOG = WATCHDOG_UNIT
 STATE = WATCHDOG_STATE
-CADDY = "caddy.service"
+CADDY = INGRESS_UNIT
 
 
 def interval() -> float:
@@ -124,9 +126,7 @@ def test_a_stopped_tensor_parallel_rank_is_detected_and_recovered_in_order():
 
 def test_the_heads_server_killed_is_down_and_recovered():
     seen, caddy = len(incidents()), invocation(HEAD, CADDY)
-    server = exec_on(HEAD, "pgrep", "-f", "vllm serve", check=False).stdout.split()
-    assert server, "no vllm serve process on the head"
-    exec_on(HEAD, "kill", "-KILL", *server)
+    kill_head_server()
     record = wait_for("the recovery", lambda: new_incident(seen, verdict="down", action="restart",
                                                            outcome="recovered"), 500)
     assert record["outcome"] == "recovered", record
