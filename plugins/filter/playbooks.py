@@ -8,6 +8,9 @@
   ``hosts: "{{ 'vllm_cluster' | localinference.vllm.work_hosts(hostvars | default({})) }}"``.
   ``hostvars`` is undefined while the first play of a run is templated (nothing has set the
   switch yet): ``default({})`` says so, and the pattern stands.
+- ``trial_hosts``: the upgrade's own plays (begin, decide, report): none while the tune's slot
+  has no trial (``playbooks/tune.yml`` sets ``localinference_tune_idle`` on localhost), so a
+  promoted upgrade still reports. Stage plays are idle then too: ``work_hosts`` honours both.
 """
 
 from __future__ import annotations
@@ -19,28 +22,41 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
 SWITCH = "localinference_nothing_to_do"
+TUNE_SWITCH = "localinference_tune_idle"
+
+
+def _switched(hostvars: Mapping[str, Any], name: str) -> bool:
+    switch = (hostvars.get("localhost") or {}).get(name, False)
+    try:
+        return boolean(switch, strict=True)
+    except TypeError:
+        raise AnsibleFilterError(
+            f"{name} must be true or false, got {str(switch)[:40]!r}: it is set by playbooks/site.yml "
+            "(nothing to do) or playbooks/tune.yml (no trial), never by hand"
+        ) from None
+
+
+def _check(pattern: Any, hostvars: Any, name: str) -> None:
+    if not isinstance(pattern, str) or not pattern.strip():
+        raise AnsibleFilterError(f"{name}: the host pattern must be a non-empty string, got {pattern!r}")
+    if not isinstance(hostvars, Mapping):
+        raise AnsibleFilterError(
+            f"{name}: pass hostvars | default({{}}) as its argument, got {type(hostvars).__name__}"
+        )
 
 
 def work_hosts(pattern: Any, hostvars: Any) -> str | list[str]:
     """``pattern`` while there is work to do, else no host at all (``[]``)."""
-    if not isinstance(pattern, str) or not pattern.strip():
-        raise AnsibleFilterError(f"work_hosts: the host pattern must be a non-empty string, got {pattern!r}")
-    if not isinstance(hostvars, Mapping):
-        raise AnsibleFilterError(
-            f"work_hosts: pass hostvars | default({{}}) as its argument, got {type(hostvars).__name__}"
-        )
-    localhost = hostvars.get("localhost") or {}
-    switch = localhost.get(SWITCH, False)
-    try:
-        idle = boolean(switch, strict=True)
-    except TypeError:
-        raise AnsibleFilterError(
-            f"{SWITCH} must be true or false, got {str(switch)[:40]!r}: it is set by playbooks/site.yml "
-            "(nothing to do), never by hand"
-        ) from None
-    return [] if idle else pattern
+    _check(pattern, hostvars, "work_hosts")
+    return [] if _switched(hostvars, SWITCH) or _switched(hostvars, TUNE_SWITCH) else pattern
+
+
+def trial_hosts(pattern: Any, hostvars: Any) -> str | list[str]:
+    """``pattern`` unless the tune's slot has no trial (``[]``)."""
+    _check(pattern, hostvars, "trial_hosts")
+    return [] if _switched(hostvars, TUNE_SWITCH) else pattern
 
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"work_hosts": work_hosts}
+        return {"work_hosts": work_hosts, "trial_hosts": trial_hosts}

@@ -105,6 +105,8 @@ _OOM_BYTES = re.compile(r"OOM on device (\d+) while trying to allocate (\d+) byt
 _OOM_TORCH = re.compile(rf"out of memory\. Tried to allocate ({_FLT}) (GiB|MiB|KiB)")
 _OOM_ANY = re.compile(r"OutOfMemoryError|out of memory|\bOOM\b", re.IGNORECASE)
 _DIED = re.compile(r"rank=\[?(\d+)\]? died unexpectedly")
+# The step's token budget the engine settled on (its default when the recipe sets none).
+_CHUNKED = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 _SCHEDULED = re.compile(
     r"max_num_scheduled_tokens is set to (\d+) based on the speculative decoding settings"
 )
@@ -147,6 +149,7 @@ def _new_boot(version: str | None) -> dict[str, Any]:
         "oom": [],
         "died_ranks": [],
         "scheduled_tokens": None,
+        "max_num_batched_tokens": None,
         "init_seconds": None,
         "kv_cache_memory_bytes_suggested": {},
         "args": {},
@@ -459,6 +462,9 @@ def _read_timings(line: str, boot: dict[str, Any]) -> None:
     match = _SCHEDULED.search(line)
     if match:
         boot["scheduled_tokens"] = _int(match.group(1))
+    match = _CHUNKED.search(line)
+    if match:
+        boot["max_num_batched_tokens"] = _int(match.group(1))
     match = _INIT_TIME.search(line)
     if match:
         boot["init_seconds"] = _flt(match.group(1))
@@ -507,6 +513,9 @@ def _log_result(reader: _LogReader) -> dict[str, Any]:
         "oom_rank": result["oom"][0]["rank"] if result["oom"] else None,
         "died_ranks": result["died_ranks"],
         "scheduled_tokens": result["scheduled_tokens"],
+        # Said once per engine start, before the capacity reports that may open a new boot.
+        "max_num_batched_tokens": result["max_num_batched_tokens"]
+        or next((b["max_num_batched_tokens"] for b in reversed(finished) if b["max_num_batched_tokens"]), None),
         "init_seconds": result["init_seconds"],
         "args": result["args"],
         "engine_config": result["engine_config"],

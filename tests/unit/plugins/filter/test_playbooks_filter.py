@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.filter.playbooks import work_hosts
+from ansible_collections.localinference.vllm.plugins.filter.playbooks import trial_hosts, work_hosts
 
 PLAYBOOKS = Path(__file__).resolve().parents[4] / "playbooks"
 # Plays that must run whatever the shortcut decided: the shortcut itself, the doctor
 # (read-only, its own entry point) and the upgrade's own plays.
-OWN_HOSTS = {"site_converged.yml", "doctor.yml", "upgrade.yml", "site.yml"}
+OWN_HOSTS = {"site_converged.yml", "doctor.yml", "upgrade.yml", "site.yml", "tune.yml", "tune_trial.yml"}
 
 
 @pytest.mark.parametrize(
@@ -29,6 +29,9 @@ OWN_HOSTS = {"site_converged.yml", "doctor.yml", "upgrade.yml", "site.yml"}
         ("vllm_head[0]", {"localinference_nothing_to_do": False}, "vllm_head[0]"),
         ("localhost", {"localinference_nothing_to_do": True}, []),
         ("vllm_workers", {"localinference_nothing_to_do": "true"}, []),
+        # A tune's slot without a trial: every stage play is idle too.
+        ("vllm_cluster", {"localinference_tune_idle": True}, []),
+        ("vllm_cluster", {"localinference_tune_idle": False, "localinference_nothing_to_do": False}, "vllm_cluster"),
     ],
 )
 def test_work_hosts(pattern: str, localhost: dict[str, Any], want: Any) -> None:
@@ -64,3 +67,28 @@ def test_every_stage_play_names_its_hosts_through_work_hosts() -> None:
     assert len(plays) >= 25, len(plays)
     wrong = [(name, play["name"], play["hosts"]) for name, play in plays if not wanted.match(play["hosts"])]
     assert wrong == []
+
+
+@pytest.mark.parametrize(
+    ("localhost", "want"),
+    [
+        ({}, "vllm_head"),
+        # A promoted upgrade set the nothing-to-do switch: its report still runs.
+        ({"localinference_nothing_to_do": True}, "vllm_head"),
+        ({"localinference_tune_idle": True}, []),
+    ],
+)
+def test_trial_hosts(localhost: dict[str, Any], want: Any) -> None:
+    assert trial_hosts("vllm_head", {"localhost": localhost}) == want
+
+
+def test_trial_hosts_refuses_a_switch_that_is_not_a_boolean() -> None:
+    with pytest.raises(AnsibleFilterError, match="localinference_tune_idle must be true or false"):
+        trial_hosts("vllm_head", {"localhost": {"localinference_tune_idle": "maybe"}})
+
+
+def test_the_upgrades_own_plays_name_their_hosts_through_trial_hosts() -> None:
+    """A tune's slot without a trial must skip the whole upgrade, its begin and report too."""
+    plays = [p for p in yaml.safe_load((PLAYBOOKS / "upgrade.yml").read_text()) if "hosts" in p]
+    assert len(plays) == 3
+    assert all("localinference.vllm.trial_hosts(hostvars | default({}))" in p["hosts"] for p in plays)

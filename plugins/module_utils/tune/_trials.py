@@ -1,0 +1,88 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The tune's trials: which candidate goes next, and what the tune leaves for review.
+
+- :func:`next_trial`: the next candidate whose finding the incumbent (the stack serving now)
+  still has, within ``tune_max_trials`` and ``tune_budget_minutes`` (a trial is not started
+  when the longest one so far would overrun the budget).
+- :func:`recipe_diff`: the tuned recipe as a unified diff against the inventory's
+  ``vllm_recipe`` (only its keys, YAML, sorted), for review; never written into the inventory.
+- :func:`document`: ``tune.json``. No I/O here.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import yaml
+
+from ansible_collections.localinference.vllm.plugins.module_utils.tune._objective import FIGURES
+from ansible_collections.localinference.vllm.plugins.module_utils.tune._rules import findings
+
+SCHEMA = 1
+
+
+def next_trial(
+    candidates: list[dict[str, Any]], trials: list[dict[str, Any]], incumbent: dict[str, Any], *,
+    max_trials: int, budget_s: float, elapsed_s: float,
+) -> dict[str, Any]:
+    """``{candidate, why}``: the candidate to try now, or None and why the tune stops."""
+    if len(trials) >= max_trials:
+        return {"candidate": None, "why": f"tune_max_trials ({max_trials}) reached"}
+    longest = max((float(t.get("seconds") or 0) for t in trials), default=0.0)
+    if trials and elapsed_s + longest > budget_s:
+        return {
+            "candidate": None,
+            "why": f"tune_budget_minutes ({budget_s / 60:g}) would be overrun: {elapsed_s / 60:.1f} min spent,"
+            f" the longest trial took {longest / 60:.1f} min",
+        }
+    open_checks = {f["check"] for f in findings(incumbent.get("checks") or {}, incumbent.get("figures") or {})}
+    if not open_checks:
+        return {"candidate": None, "why": "nothing to gain: no check the rules answer fails or passes weakly"}
+    tried = {t["candidate"]["id"] for t in trials}
+    for candidate in candidates:
+        if candidate["id"] not in tried and candidate["finding"] in open_checks:
+            return {"candidate": candidate, "why": f"{candidate['finding']} is still open"}
+    return {"candidate": None, "why": "every candidate for " + ", ".join(sorted(open_checks)) + " was tried or dropped"}
+
+
+def _yaml(recipe: dict[str, Any]) -> list[str]:
+    text = yaml.safe_dump({"vllm_recipe": recipe}, sort_keys=True, default_flow_style=False, width=1000)
+    return text.splitlines(keepends=True)
+
+
+def recipe_diff(inventory: dict[str, Any], tuned: dict[str, Any]) -> str:
+    """The tuned recipe against the inventory's, as a unified diff ('' when they are the same)."""
+    return "".join(difflib.unified_diff(
+        _yaml(inventory), _yaml(tuned), "vllm_recipe (inventory)", "vllm_recipe (tuned)",
+    ))
+
+
+def before_after(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The objective's figures before the tune and on the stack serving after it, one line each."""
+    old, new = before.get("figures") or {}, after.get("figures") or {}
+    return [f"{name}: {old.get(name, '-')} -> {new.get(name, '-')}" for name in FIGURES]
+
+
+def document(
+    *, status: str, findings_found: list[dict[str, Any]], candidates: list[dict[str, Any]],
+    dropped: list[dict[str, Any]], skipped: list[dict[str, Any]], trials: list[dict[str, Any]],
+    before: dict[str, Any], after: dict[str, Any], weights: dict[str, float], stopped: str,
+) -> dict[str, Any]:
+    """``tune.json``: every candidate, what the planner said, every trial and the figures before/after."""
+    serving = next((t["trial"] for t in reversed(trials) if t.get("outcome") == "promoted"), None)
+    return {
+        "schema": SCHEMA,
+        "status": status,
+        "stopped": stopped,
+        "weights": weights,
+        "findings": findings_found,
+        "candidates": candidates,
+        "dropped_by_planner": dropped,
+        "skipped": skipped,
+        "trials": trials,
+        "serving_trial": serving,
+        "before": before,
+        "after": after,
+    }
