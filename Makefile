@@ -16,7 +16,7 @@ MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
 .PHONY: help bootstrap system-packages images lab lab-up lab-down lab-clean test test-unit lint sanity \
-        test-molecule test-lab test-lab-faults test-lab-extended test-lab-clients test-scale scale-up scale-down test-onehost build bench soak soak-smoke \
+        test-molecule test-lab test-lab-faults test-lab-extended test-lab-clients test-lab-tune tune test-scale scale-up scale-down test-onehost build bench soak soak-smoke \
         test-release docs release
 
 help:
@@ -26,6 +26,9 @@ help:
 	@echo "make test-lab   the lab tests (tests/lab: state, then faults) against a lab made by 'make lab'"
 	@echo "make test-lab-extended  the long fault scenarios CI's hour leaves out, against 'make lab'"
 	@echo "make test-lab-clients   Claude Code, Codex and Qwen Code for real through their generated configs"
+	@echo "make tune       playbooks/tune.yml against 'make lab': the qualification's findings tried as recipe"
+	@echo "                changes through the upgrade path (writes .lab/tune/: tune.json, tuned-recipe.diff, trials.png)"
+	@echo "make test-lab-tune the tune's lab proof (tests/lab/tune) against 'make lab'"
 	@echo "make test-scale the three-host lab (molecule/scale): create, converge, idempotence, test, destroy"
 	@echo "make scale-up   create and converge the three-host lab and leave it up;  make scale-down  remove it"
 	@echo "make test-onehost the one-host lab (molecule/onehost): create, converge, idempotence, test, destroy"
@@ -174,6 +177,16 @@ test-lab-extended: bootstrap
 test-lab-clients: bootstrap
 	for client in claude_code codex qwen_code; do bash lab/bin/agent-client $$client >/dev/null || exit 1; done
 	$(LAB_PYTEST) tests/lab/clients
+
+# The qualification's findings become recipe changes tried, qualified, and promoted or reverted
+# through upgrade.yml (roles/tune); a second run with nothing to gain tries nothing.
+tune: bootstrap
+	$(BIN)/ansible-playbook -i $(LAB_INVENTORY) playbooks/tune.yml $(TUNE_ARGS)
+
+# The tune's lab proof: a candidate the planner refuses is never booted, one that is no better is
+# reverted while the endpoint keeps serving, the lab's recipe has nothing left to gain (docs/testing.md).
+test-lab-tune: bootstrap
+	$(LAB_PYTEST) tests/lab/tune
 
 # Every benchmark (benchmarks/bench.py; BENCH_ARGS="--only verify,noop" picks
 # parts): prints the ratios and writes $(LAB)/bench.json. The lab parts need

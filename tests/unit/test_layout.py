@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 UTILS = ROOT / "plugins" / "module_utils"
 # The stage table (README) in pipeline order, then what every stage shares.
 STAGES = ["preflight", "fabric", "weights", "plan", "serve", "ingress", "watchdog", "monitoring",
-          "client", "qualify", "doctor", "upgrade"]
+          "client", "qualify", "doctor", "upgrade", "tune"]
 SHARED = ["common", "engine"]
 
 

@@ -5,8 +5,9 @@
 - :func:`next_trial`: the next candidate whose finding the incumbent (the stack serving now)
   still has, within ``tune_max_trials`` and ``tune_budget_minutes`` (a trial is not started
   when the longest one so far would overrun the budget).
-- :func:`recipe_diff`: the tuned recipe as a unified diff against the inventory's
-  ``vllm_recipe`` (only its keys, YAML, sorted), for review; never written into the inventory.
+- :func:`recipe_diff`: the tuned recipe (the inventory's, with the tune's knobs as the stack
+  serving now has them) as a unified diff against the inventory's ``vllm_recipe`` (YAML,
+  sorted), for review; never written into the inventory.
 - :func:`document`: ``tune.json``. No I/O here.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 import yaml
 
 from ansible_collections.localinference.vllm.plugins.module_utils.tune._objective import FIGURES
-from ansible_collections.localinference.vllm.plugins.module_utils.tune._rules import findings
+from ansible_collections.localinference.vllm.plugins.module_utils.tune._rules import KNOBS, findings
 
 SCHEMA = 1
 
@@ -52,10 +53,19 @@ def _yaml(recipe: dict[str, Any]) -> list[str]:
     return text.splitlines(keepends=True)
 
 
-def recipe_diff(inventory: dict[str, Any], tuned: dict[str, Any]) -> str:
-    """The tuned recipe against the inventory's, as a unified diff ('' when they are the same)."""
+def tuned_recipe(inventory: dict[str, Any], serving: dict[str, Any]) -> dict[str, Any]:
+    """The inventory's recipe with the tune's knobs as the stack serving now has them."""
+    tuned = dict(inventory)
+    for knob in KNOBS:
+        if serving.get(knob) is not None and serving[knob] != inventory.get(knob):
+            tuned[knob] = serving[knob]
+    return tuned
+
+
+def recipe_diff(inventory: dict[str, Any], serving: dict[str, Any]) -> str:
+    """:func:`tuned_recipe` against the inventory's, as a unified diff ('' when they are the same)."""
     return "".join(difflib.unified_diff(
-        _yaml(inventory), _yaml(tuned), "vllm_recipe (inventory)", "vllm_recipe (tuned)",
+        _yaml(inventory), _yaml(tuned_recipe(inventory, serving)), "vllm_recipe (inventory)", "vllm_recipe (tuned)",
     ))
 
 

@@ -13,6 +13,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.qualify._quali
     ReportInputError,
     build,
     markdown,
+    regressions,
 )
 from ansible_collections.localinference.vllm.plugins.modules import qualify_report
 
@@ -82,6 +83,20 @@ def test_rates_regress_only_beyond_the_tolerance():
         got["verdict"] == "challenger"
         and "decode tok/s of one request regressed" in got["reasons"][0]
     )
+
+
+def test_noise_is_not_a_regression():
+    """Two runs of the same recipe on the lab (2026-12-05): TTFT 0.024 then 0.032 s, the context
+    rung's prompt 33,321 then 33,168 tokens. Neither is a regression; a refused rung or 60 ms is."""
+    base = report()["figures"]
+    promoted = {"model": MODEL, "figures": dict(base, ttft_s=0.0242, max_context_accepted=33321)}
+    same = report(promoted=promoted)
+    same_figures = dict(same["figures"])
+    for ttft, context, verdict in ((0.0322, 33168, "promote"), (0.0842, 33168, "challenger"),
+                                   (0.0322, 6670, "challenger")):
+        got = regressions(dict(same_figures, ttft_s=ttft, max_context_accepted=context),
+                          promoted, MODEL, 0.1)
+        assert ("challenger" if got else "promote") == verdict, (ttft, context, got)
 
 
 def test_another_models_promoted_report_is_not_compared():
