@@ -674,6 +674,12 @@ def _check_options(checks):
                 f"{checks[option]!r} is not a number of seconds above 0 and at most 86400",
                 "give the seconds the command may take",
             )
+    if checks["max_load_per_cpu"] is not None:  # NaN would let every load through
+        try:
+            validate.number("checks.max_load_per_cpu", checks["max_load_per_cpu"])
+        except validate.ValidationError as exc:
+            fix = f"{exc.fix} (the serve role takes it from serve_max_load_per_cpu)"
+            raise validate.ValidationError(exc.name, exc.problem, fix) from None
     for option in ("help_cache_dir", "quadlet", "programs_dir"):
         if checks[option]:
             checks[option] = _absolute(f"checks.{option}", checks[option])
