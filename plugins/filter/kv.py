@@ -20,6 +20,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._client
     plan_client,
     working_budget,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model import (
     KvInputError,
     boot_memory,
@@ -49,7 +52,10 @@ def _level_memory(observations: list[Any], level: str, memory_gib: float | None)
     if memory_gib is not None:
         if fit.mode != "memory":
             raise AnsibleFilterError("memory_gib needs observations that carry kv_memory_gib")
-        return fit, float(memory_gib)
+        try:
+            return fit, validate.number("memory_gib", memory_gib, minimum=0)
+        except validate.ValidationError as exc:
+            raise AnsibleFilterError(str(exc)) from None
     return fit, spread([boot_memory(fit, b) for b in boots])[level]
 
 

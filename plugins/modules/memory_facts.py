@@ -14,6 +14,8 @@ description:
   - Processes are only read, never signalled. The two-Spark field report lost a start to another user's 17.56 GB
     of processes on the worker; the memory is reported so the plan sizes for it, not reclaimed.
   - Results are returned under C(ansible_facts.memory).
+  - A C(/proc/<pid>/status) the kernel did not write (binary content, a line missing, a value that is
+    not a number) fails the module with the file's name; a process that exits while it is read is skipped.
 author:
   - localinference.vllm developers (@localinference)
 extends_documentation_fragment:
@@ -194,13 +196,14 @@ def _processes(proc_root: str) -> list[dict]:
     for entry in os.listdir(proc_root):
         if not (entry.isascii() and entry.isdigit()):
             continue
-        status_text = _read(os.path.join(proc_root, entry, "status"))
+        status_path = os.path.join(proc_root, entry, "status")
+        status_text = _read(status_path)
         if status_text is None:
             continue  # the process exited while we looked
         try:
             status = parse_status(status_text)
-        except ProcParseError:
-            continue
+        except ProcParseError as exc:
+            raise ProcParseError(f"{status_path}: {exc}") from None
         uid = status["uid"]
         if uid not in users:
             try:
@@ -279,8 +282,14 @@ def _facts(module: AnsibleModule) -> dict:
             own_uids.add(pwd.getpwnam(name).pw_uid)
         except KeyError:
             module.warn(f"own_users: no such user {name!r} on this host; ignored")
+    try:
+        processes = _processes(proc_root)
+    except ProcParseError as exc:
+        module.fail_json(
+            msg=f"Unexpected content in {exc}; is proc_root={proc_root} a real procfs mount?"
+        )
     facts["other_users"] = other_users_processes(
-        _processes(proc_root), own_uids, module.params["min_uid"], module.params["top_processes"]
+        processes, own_uids, module.params["min_uid"], module.params["top_processes"]
     )
     return facts
 

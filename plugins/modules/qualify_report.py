@@ -128,6 +128,9 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_plots import (
     PlotError,
     draw,
@@ -161,10 +164,12 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    if p["reserve_gib"] < 0 or not 0 <= p["tolerance"] < 1:
-        module.fail_json(
-            msg=f"reserve_gib must be >= 0 and tolerance in [0, 1), got {p['reserve_gib']} and {p['tolerance']}"
-        )
+    try:  # a NaN reserve compares false with every figure: it would hold nothing
+        validate.number("reserve_gib", p["reserve_gib"], minimum=0)
+    except validate.ValidationError as exc:
+        module.fail_json(msg=str(exc))
+    if not 0 <= p["tolerance"] < 1:  # also refuses NaN
+        module.fail_json(msg=f"tolerance must be in [0, 1), got {p['tolerance']}")
     try:
         report = build(
             p["checks"],

@@ -24,9 +24,11 @@ description:
     names the variable, the offending character and the fix. Rendered units are checked again; a
     line the template did not write is an error and nothing is written.
   - The node's state document is never trusted. It is schema-checked; a malformed one (not an
-    object, a unit without C(sha256), a path that is a directory, binary or invalid JSON) is
-    reported as an F10 difference (RV(differences), RV(live_findings)), never a traceback. Only
-    this collection's unit names inside its unit directories are ever read, stopped or removed.
+    object, a unit without C(sha256), binary or invalid JSON) is reported as an F10 difference
+    (RV(differences), RV(live_findings)), never a traceback. A directory at O(path), or where
+    a file is to be written, is refused in every state before anything is written or removed.
+    Only this collection's unit names inside its unit directories are ever read, stopped or
+    removed.
 extends_documentation_fragment:
   - localinference.vllm.attributes.CHANGES
 options:
@@ -672,6 +674,12 @@ def _check_options(checks):
                 f"{checks[option]!r} is not a number of seconds above 0 and at most 86400",
                 "give the seconds the command may take",
             )
+    if checks["max_load_per_cpu"] is not None:  # NaN would let every load through
+        try:
+            validate.number("checks.max_load_per_cpu", checks["max_load_per_cpu"])
+        except validate.ValidationError as exc:
+            fix = f"{exc.fix} (the serve role takes it from serve_max_load_per_cpu)"
+            raise validate.ValidationError(exc.name, exc.problem, fix) from None
     for option in ("help_cache_dir", "quadlet", "programs_dir"):
         if checks[option]:
             checks[option] = _absolute(f"checks.{option}", checks[option])
@@ -948,16 +956,14 @@ def _observe(state, units, trusted, state_path, staging_dir):
         removals = [u["path"] for u in trusted["units"]]
     return Observed(
         texts={path: _current(path) for path in writes},
-        directories=frozenset(path for path in writes if os.path.isdir(path)),
+        directories=frozenset(path for path in {state_path, *writes} if os.path.isdir(path)),
         kinds={path: _lstat_kind(path) for path in removals},
         staged_names=names,
     )
 
 
 def _apply(module, plan, files, runner, result, context):
-    """Carry out ``plan`` in order; returns the files left in place."""
-    if plan.refusal:
-        module.fail_json(msg=plan.refusal, **result)
+    """Carry out ``plan`` (refused already in main) in order; returns the files left in place."""
     changed = False
     if module.params["state"] == "present":
         result["stopped"], result["reloaded"] = [], False
@@ -1058,7 +1064,6 @@ def main():
         **checked,
     }
     files = _Files(module, result)
-    _check_help(module, files, result, inputs, checks)
     observed = _observe(state, wanted["units"], trusted, inputs["state_path"], inputs["staging_dir"])
     options = {
         "path": inputs["state_path"],
@@ -1070,6 +1075,9 @@ def main():
         "check_mode": module.check_mode,
     }
     plan = decide(state, wanted, live, trusted, live_diff, observed, options)
+    if plan.refusal:  # before the image is asked for its flags or anything is written
+        module.fail_json(msg=plan.refusal, **result)
+    _check_help(module, files, result, inputs, checks)
     context = {"recipe": recipe, "node": node, "result": result, "unit_dir": unit_dir,
                "unit_root": staged_unit_root(inputs["staging_dir"]), "units": wanted["units"]}
     refused = _apply(module, plan, files, runner, result, context)

@@ -19,6 +19,7 @@ early is refused as such, never read as a low figure.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -78,6 +79,15 @@ def _row(tokens: list[str], has_root: bool) -> dict[str, Any] | None:
     if len(values) >= 8:
         row["busbw_in_place"] = float(values[6])
         row["check_in_place"] = values[7]
+    strange = [
+        key for key in ("time_us", "algbw", "busbw", "busbw_in_place")
+        if key in row and not (math.isfinite(row[key]) and row[key] >= 0)
+    ]
+    if strange:  # a NaN bandwidth compares as above any gate
+        raise BusbwParseError(
+            f"the row of {size} bytes has {', '.join(f'{k}={row[k]!r}' for k in strange)}:"
+            " not a measured bandwidth"
+        )
     return row
 
 
@@ -88,9 +98,10 @@ def _wrong(check: str) -> bool:
     if check.isdigit():
         return int(check) > 0
     try:
-        return float(check) > 1e-2
+        error = float(check)
     except ValueError:
         return True
+    return not math.isfinite(error) or error > 1e-2  # a NaN error is a wrong result
 
 
 def parse_all_reduce(text: str) -> dict[str, Any]:

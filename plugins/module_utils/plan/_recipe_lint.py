@@ -75,8 +75,8 @@ def _int(recipe: dict[str, Any], key: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise RecipeInputError(f"recipe.{key} must be an integer, got {value!r}")
     try:
-        return int(value)
-    except ValueError as exc:
+        return int(value)  # int(nan) is a ValueError, int(inf) an OverflowError
+    except (ValueError, OverflowError) as exc:
         raise RecipeInputError(f"recipe.{key} must be an integer, got {value!r}") from exc
 
 
@@ -229,11 +229,13 @@ def lint_offload(
     if recipe.get("kv_offloading_size") is None:
         return []
     try:
-        pool = int(float(recipe["kv_offloading_size"]) * GIB)
-    except (TypeError, ValueError) as exc:
+        gib = validate.number("recipe.kv_offloading_size", recipe["kv_offloading_size"], minimum=0)
+        pool = int(gib * GIB)
+    except (validate.ValidationError, OverflowError):
         raise RecipeInputError(
-            f"recipe.kv_offloading_size must be GiB as a number, got {recipe['kv_offloading_size']!r}"
-        ) from exc
+            f"recipe.kv_offloading_size must be GiB as a finite number, 0 or more, got"
+            f" {validate.shown(recipe['kv_offloading_size'])}"
+        ) from None
     need = f"recipe.kv_offloading_size={recipe['kv_offloading_size']} GiB ({pool / GIB:.1f} GiB)"
     found = []
     private_shm = recipe.get("shm_size") and not _truthy(recipe.get("ipc_host"))

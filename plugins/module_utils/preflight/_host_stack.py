@@ -29,6 +29,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
     DEPLOY_DEFAULTS,
@@ -431,13 +434,11 @@ class HostStackInputError(ValueError):
 
 
 def _float(options: Mapping[str, Any], name: str) -> float:
-    value = options.get(name)
-    if isinstance(value, bool):
-        raise HostStackInputError(f"{name} must be a number, got {value!r}")
+    """A finite number (``validate.number``: NaN, infinity, booleans and words are refused)."""
     try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise HostStackInputError(f"{name} must be a number, got {value!r}") from None
+        return validate.number(name, options.get(name))
+    except validate.ValidationError as exc:
+        raise HostStackInputError(str(exc)) from None
 
 
 def rdma_in_use(setting: Any, devices: Sequence[str]) -> bool:

@@ -114,23 +114,51 @@ def parse_memlock(text: str) -> dict[str, int | None]:
     raise ProcParseError("no 'Max locked memory' line: not a limits file")
 
 
+# Lines every kernel writes in /proc/<pid>/status, kernel threads and zombies included.
+STATUS_LINES = ("Name", "State", "Pid", "Uid")
+
+
+def _status_kib(fields: dict[str, str], key: str) -> int:
+    """A ``VmRSS:``-style line, ``<digits> kB``; absent is 0 (no address space)."""
+    if key not in fields:
+        return 0
+    parts = fields[key].split()
+    if len(parts) != 2 or parts[1] != "kB":
+        raise ProcParseError(f"status {key}: {fields[key][:40]!r} is not '<number> kB'")
+    return _int(parts[0], f"status {key}")
+
+
 def parse_status(text: str) -> dict[str, Any]:
-    """``/proc/<pid>/status`` -> name, real uid, RSS in KiB (0 for kernel threads)."""
+    """``/proc/<pid>/status`` -> name, real uid, RSS in KiB (0 for kernel threads).
+
+    Kernel threads and zombies have no ``Vm*`` lines (no address space): their RSS is 0.
+    A file with some ``Vm*`` lines but no ``VmRSS``, a value that is not ``<number> kB``,
+    a NUL byte or a missing ``Name``/``State``/``Pid``/``Uid`` line is no status file the
+    kernel wrote: a ProcParseError. (Bytes that are not UTF-8 are not: ``Name`` is a process's
+    own choice, printed as it is.)
+    """
+    if "\x00" in text:
+        raise ProcParseError("a NUL byte (binary content): not a status file")
     fields: dict[str, str] = {}
-    for line in text.splitlines():
+    # Lines end in "\n" only: the kernel escapes it in Name, not the other characters
+    # str.splitlines() would break a line at, so a name cannot add a field of its own.
+    for line in text.split("\n"):
         key, sep, value = line.partition(":")
         if sep:
             fields[key.strip()] = value.strip()
     if "Uid" not in fields:
         raise ProcParseError("no Uid line: not a status file")
-    rss = (fields.get("VmRSS") or "0 kB").split()[0]
-    swap = (fields.get("VmSwap") or "0 kB").split()[0]
-    uid = (fields["Uid"].split() or [""])[0]
+    uid = _int((fields["Uid"].split() or [""])[0], "status Uid")
+    missing = [key for key in STATUS_LINES if key not in fields]
+    if missing:
+        raise ProcParseError(f"no {', '.join(missing)} line: not a status file")
+    if "VmRSS" not in fields and any(key.startswith("Vm") for key in fields):
+        raise ProcParseError("Vm* lines without a VmRSS line: not a status file")
     return {
-        "name": fields.get("Name", ""),
-        "uid": _int(uid, "status Uid"),
-        "rss_kib": _int(rss, "status VmRSS"),
-        "swap_kib": _int(swap, "status VmSwap"),
+        "name": fields["Name"],
+        "uid": uid,
+        "rss_kib": _status_kib(fields, "VmRSS"),
+        "swap_kib": _status_kib(fields, "VmSwap"),
     }
 
 

@@ -34,6 +34,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import (
     errors,
     finding,
@@ -84,12 +87,11 @@ class PreflightInputError(ValueError):
 
 
 def _number(value: Any, name: str) -> float:
-    if isinstance(value, bool):
-        raise PreflightInputError(f"{name} must be a number, got {value!r}")
+    """A finite number (``validate.number``: NaN, infinity, booleans and words are refused)."""
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise PreflightInputError(f"{name} must be a number, got {value!r}") from None
+        return validate.number(name, value)
+    except validate.ValidationError as exc:
+        raise PreflightInputError(str(exc)) from None
 
 
 def check_thresholds(thresholds: Mapping[str, Any]) -> dict[str, float]:

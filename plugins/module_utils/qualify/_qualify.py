@@ -32,6 +32,7 @@ The result is ``{name, status, why, timings, evidence}``; ``status`` is
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,8 @@ class Target:
             )
         if isinstance(value, bool) and expected in (int, float):
             raise QualifyInputError(f"params.{name} must be a number, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise QualifyInputError(f"params.{name} must be a finite number, got {value!r}")
         return value
 
     def metrics(self) -> tuple[dict[str, Any] | None, str | None]:

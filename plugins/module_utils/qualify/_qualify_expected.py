@@ -19,6 +19,7 @@ the checks must run to measure the declared conditions (streams, prompt sizes);
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -102,7 +103,13 @@ def _figure(key: str) -> tuple[Figure, int | None]:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    """A positive, finite number (YAML's ``.inf`` and ``.nan`` are no published figure)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 def _value(key: str, raw: Any) -> float | tuple[float, float] | None:

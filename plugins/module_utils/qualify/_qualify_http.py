@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import math
 import socket
 import ssl
 import threading
@@ -138,8 +139,8 @@ class Client:
                 f"base_url {base_url!r} is not an http(s) URL: give the OpenAI base URL,"
                 " for example http://HEAD:8080/<served name>/v1"
             )
-        if timeout <= 0:
-            raise HttpError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise HttpError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
         self.base_url = base_url.rstrip("/")
         self._parsed = parsed
         self._api_key = api_key or None

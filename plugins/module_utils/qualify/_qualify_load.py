@@ -19,6 +19,9 @@ import threading
 import time
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.engine._metrics import delta
 from ansible_collections.localinference.vllm.plugins.module_utils.qualify import _qualify_judge as J
 from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify import (
@@ -104,10 +107,11 @@ def served_limit(target: Target) -> tuple[int | None, list[str]]:
 
 
 def _number(target: Target, name: str, default: float) -> float:
-    value = target.params.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise QualifyInputError(f"params.{name} must be a non-negative number, got {value!r}")
-    return float(value)
+    """``params.<name>``: a finite number, 0 or more (``validate.number``)."""
+    try:
+        return validate.number(f"params.{name}", target.params.get(name, default), minimum=0)
+    except validate.ValidationError as exc:
+        raise QualifyInputError(str(exc)) from None
 
 
 # --- concurrency -------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pwd
 import sys
@@ -394,6 +395,17 @@ def check(
     return decision
 
 
+def _gib_argument(text: str) -> float:
+    """``--need-gib``/``--reserve-gib``: a finite number, 0 or more (int(nan) would be a traceback)."""
+    try:
+        gib = float(text) if len(text) <= 64 else math.nan
+    except ValueError:
+        gib = math.nan
+    if not math.isfinite(gib * GIB) or gib < 0:  # 1e308 GiB is inf bytes
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite number of GiB, 0 or more")
+    return gib
+
+
 def _bytes(args: argparse.Namespace, name: str) -> int:
     gib = getattr(args, f"{name}_gib")
     value = getattr(args, f"{name}_bytes")
@@ -407,9 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     need = parser.add_mutually_exclusive_group(required=True)
     need.add_argument("--need-bytes", type=int, help="this rank's memory need, in bytes")
-    need.add_argument("--need-gib", type=float, help="this rank's memory need, in GiB")
+    need.add_argument("--need-gib", type=_gib_argument, help="this rank's memory need, in GiB")
     parser.add_argument("--reserve-bytes", type=int, default=None)
-    parser.add_argument("--reserve-gib", type=float, default=None)
+    parser.add_argument("--reserve-gib", type=_gib_argument, default=None)
     parser.add_argument("--proc-root", default="/proc")
     parser.add_argument("--cgroup", default=None, help="cgroup path (default: this process's)")
     parser.add_argument("--top", type=int, default=5, help="processes named on refusal")

@@ -31,7 +31,7 @@ class Observed:
 
     # Current text of the files the plan may write; missing or None: absent or unreadable.
     texts: Mapping[str, str | None] = field(default_factory=dict)
-    # Of the files the plan may write, those that are directories.
+    # Of the state document (``path``) and the files the plan may write, those that are directories.
     directories: frozenset[str] = frozenset()
     # Kind of each file the plan may remove (ABSENT, REMOVABLE, DIRECTORY, SPECIAL or a reason).
     kinds: Mapping[str, str] = field(default_factory=dict)
@@ -132,14 +132,15 @@ def _present(document, units, live, trusted, state_path, observed):
     return steps, refused
 
 
-def _directory_refusal(state_path: str, units: Sequence[dict[str, Any]], observed: Observed):
-    """state=present stops before anything changes when a file it writes is a directory."""
-    for path, option in [(state_path, "path"), *((unit["path"], "unit_dir") for unit in units)]:
-        if path in observed.directories:
-            return (
-                f"{option}: {path} is a directory where a file belongs; remove it or choose "
-                f"another {option}"
-            )
+def _directory_refusal(path: str, option: str) -> str:
+    return f"{option}: {path} is a directory where a file belongs; remove it or choose another {option}"
+
+
+def _written_directory(steps: Sequence[Step], observed: Observed) -> str | None:
+    """The refusal when a step would write over a directory (checked before anything changes)."""
+    for step in steps:
+        if step.action == "write" and step.path in observed.directories:
+            return _directory_refusal(step.path, step.option)
     return None
 
 
@@ -160,6 +161,9 @@ def decide(
     ``daemon_reload``, ``checks`` (whether checks were asked) and ``check_mode``.
     """
     document, units = wanted["document"], wanted["units"]
+    if options["path"] in observed.directories:
+        # In every state: a directory there is no document to read, stage beside or replace.
+        return Plan(refusal=_directory_refusal(options["path"], "path"))
     blocking = [p for p in options["problems"] if p["blocking"]]
     if blocking and state != "absent":
         return Plan(refusal="; ".join(
@@ -167,14 +171,17 @@ def decide(
         ))
     if state == "staged":
         steps, refused = _staged(document, units, options["staging_dir"], observed)
+        refusal = _written_directory(steps, observed)
+        if refusal:
+            return Plan(refusal=refusal)
         return Plan(
             steps=tuple(steps), refused=tuple(refused), checks="staged" if options["checks"] else ""
         )
     if state == "present":
-        refusal = _directory_refusal(options["path"], units, observed)
+        steps, refused = _present(document, units, live, trusted, options["path"], observed)
+        refusal = _written_directory(steps, observed)
         if refusal:
             return Plan(refusal=refusal)
-        steps, refused = _present(document, units, live, trusted, options["path"], observed)
         reload = (
             options["daemon_reload"] and not options["check_mode"] and any(s.unit for s in steps)
         )

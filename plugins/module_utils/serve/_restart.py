@@ -13,7 +13,9 @@ The rollout (``playbooks/rollout.yml``) and the watchdog restart a cluster the s
    the environment, the weights digest, the unit checksums) — :func:`verify_node`, the one
    verifier of both (the rollout calls it through ``serving_state state=verified``);
 3. **start** the head's Ray unit (Ray only), the workers, then the head's server —
-   :func:`restart_plan` orders the nodes, :func:`start_units` starts one node's units;
+   :func:`restart_plan` orders the nodes by :data:`RESTART_ORDER`, the one definition of
+   this order (the rollout's plays are checked against it), :func:`start_units` starts one
+   node's units;
 4. **prove** a streamed first token (the caller: ``serving_ready`` in the rollout, the
    watchdog's token probe).
 
@@ -39,6 +41,22 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._state i
 )
 
 RAY_UNIT = "localinference-ray.service"
+
+# The restart, one step per place in playbooks/rollout.yml, in its order: (step, the play's
+# hosts, the serve role's tasks file that does it, which of a node's start_order units it
+# starts). The rollout's plays run these files in this order (the rm -> update and the
+# verify are the two halves of the play that imports apply.yml); restart_plan orders the
+# watchdog's steps by this table, and tests/unit/plugins/module_utils/test_restart_order.py
+# reads the plays and the tasks files back and compares, so neither can change alone.
+HEAD, WORKERS, CLUSTER = "vllm_head", "vllm_workers", "vllm_cluster"
+ALL_UNITS, RAY_ONLY, SERVER = "all", "ray", "server"  # SERVER: every unit but Ray's
+RESTART_ORDER: tuple[tuple[str, str, str, str], ...] = (
+    ("stop", CLUSTER, "replace", ALL_UNITS),  # serving_state stop_live: reverse start_order
+    ("verify", CLUSTER, "verify", ALL_UNITS),  # serving_state state=verified (F10)
+    ("start", HEAD, "start_rendezvous", RAY_ONLY),  # the head's Ray unit (Ray only)
+    ("start", WORKERS, "start_rank", ALL_UNITS),  # Ray workers or headless mp ranks
+    ("start", HEAD, "start_server", SERVER),  # the server, then a streamed first token
+)
 # systemctl start of a Quadlet unit returns when the container started; a unit whose
 # ExecStartPre (the admission, the offload reclaim) refuses fails here.
 START_TIMEOUT = 600.0
@@ -95,29 +113,32 @@ def verify_node(
     return {"ok": not problems, "start_order": trusted["start_order"], "problems": problems}
 
 
+def _units(start_order: Sequence[str], which: str) -> list[str]:
+    if which == RAY_ONLY:
+        return [u for u in start_order if u == RAY_UNIT]
+    if which == SERVER:
+        return [u for u in start_order if u != RAY_UNIT]
+    return list(start_order)
+
+
 def restart_plan(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The ordered steps of a restart across ``nodes``.
+    """The ordered steps of a restart across ``nodes``, in :data:`RESTART_ORDER`.
 
     ``nodes``: ``{name, rank, start_order}`` with rank 0 the head. Steps are
-    ``{step, node, units}`` with step ``stop``, ``verify``, ``start``; the caller proves a
-    streamed token after the last one. Raises ValueError when there is no single head.
+    ``{step, node, units}`` with step ``stop``, ``verify``, ``start``: every node (the head
+    first, then the workers by rank) for a step of the whole cluster, and a start only where
+    it has units to start. The caller proves a streamed token after the last one. Raises
+    ValueError when there is no single head.
     """
     heads = [n for n in nodes if n["rank"] == 0]
     if len(heads) != 1:
         raise ValueError(f"a restart needs exactly one node of rank 0, got {len(heads)}")
-    head = heads[0]
     workers = sorted((n for n in nodes if n["rank"] != 0), key=lambda n: n["rank"])
-    ordered = [head, *workers]
-    steps = [{"step": "stop", "node": n["name"], "units": list(n["start_order"])} for n in ordered]
-    steps += [{"step": "verify", "node": n["name"], "units": []} for n in ordered]
-    head_ray = [u for u in head["start_order"] if u == RAY_UNIT]
-    if head_ray:
-        steps.append({"step": "start", "node": head["name"], "units": head_ray})
-    steps += [
-        {"step": "start", "node": n["name"], "units": list(n["start_order"])}
-        for n in workers if n["start_order"]
-    ]
-    rest = [u for u in head["start_order"] if u != RAY_UNIT]
-    if rest:
-        steps.append({"step": "start", "node": head["name"], "units": rest})
+    hosts = {HEAD: heads, WORKERS: workers, CLUSTER: [*heads, *workers]}
+    steps = []
+    for step, group, _tasks, which in RESTART_ORDER:
+        for node in hosts[group]:
+            units = [] if step == "verify" else _units(node["start_order"], which)
+            if step != "start" or units:
+                steps.append({"step": step, "node": node["name"], "units": units})
     return steps

@@ -13,6 +13,7 @@ output; nothing here runs a command except :func:`read_unit_states` and
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 
 # systemctl show prints one block per unit, properties as KEY=VALUE.
@@ -26,11 +27,14 @@ class StageCheckError(Exception):
 def judge_load(loadavg: str, ncpu: int, limit: float, host: str) -> dict[str, float]:
     """The node's 1-minute load per CPU from ``/proc/loadavg``; F5 when above ``limit``."""
     try:
-        load = float(loadavg.split()[0])
+        word = loadavg.split()[0]
+        load = float(word) if len(word) <= 40 else math.nan
     except (IndexError, ValueError):
+        load = math.nan
+    if not math.isfinite(load) or load < 0:  # 'nan' compares as below any limit
         raise StageCheckError(
             f"{host}: /proc/loadavg is unreadable ({loadavg[:80]!r}); the node's load cannot be judged"
-        ) from None
+        )
     if ncpu < 1:
         raise StageCheckError(f"{host}: the node reports {ncpu} online CPUs; its load cannot be judged")
     per_cpu = load / ncpu

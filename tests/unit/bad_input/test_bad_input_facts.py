@@ -135,7 +135,9 @@ PROC_FILES = {
     "loadavg": ("loadavg", "loadavg.txt"),
     "psi": ("pressure/memory", "pressure-memory-idle.txt"),
     "limits": ("self/limits", "limits-memlock-8m.txt"),
+    "status": ("4242/status", "status-pid1.txt"),
 }
+STATUS = (FIXTURES / "proc" / "status-pid1.txt").read_text()
 
 
 def mem(tmp: Path, cgroup: dict[str, str] | None = None, **files: str | bytes) -> dict:
@@ -333,6 +335,17 @@ MODULE_CASES = [
     Case(memory_facts, "mem-psi-huge-total", lambda t: mem(t, psi=f"some avg10=0 total={HUGE}\n"), r"PSI some total: 9999.*5000 digits"),
     Case(memory_facts, "mem-limits-garbage", lambda t: mem(t, limits="Max locked memory  zzz  zzz  bytes\n"),
          r"self/limits: Max locked memory soft limit: 'zzz'"),
+    # issue 39: a /proc/<pid>/status the kernel did not write was skipped in silence
+    Case(memory_facts, "mem-status-binary", lambda t: mem(t, status=BINARY),
+         r"^Unexpected content in .*/proc/4242/status: a NUL byte \(binary content\): not a status file; "
+         r"is proc_root=.*/proc a real procfs mount\?$"),
+    Case(memory_facts, "mem-status-no-vmrss", lambda t: mem(t, status=STATUS.replace("VmRSS:\t   12272 kB\n", "")),
+         r"proc/4242/status: Vm\* lines without a VmRSS line"),
+    Case(memory_facts, "mem-status-rss-words", lambda t: mem(t, status=STATUS.replace("12272 kB", "lots kB")),
+         r"proc/4242/status: status VmRSS: 'lots' is not a number"),
+    Case(memory_facts, "mem-status-uid-words", lambda t: mem(t, status=STATUS.replace("Uid:\t0", "Uid:\troot")),
+         r"proc/4242/status: status Uid: 'root' is not a number"),
+    Case(memory_facts, "mem-status-text", lambda t: mem(t, status="hello\n"), r"proc/4242/status: no Uid line"),
     Case(memory_facts, "mem-min-uid", lambda t: {**mem(t), "min_uid": -1}, r"^min_uid must be 0 or more, got -1"),
     Case(memory_facts, "mem-top-processes", lambda t: {**mem(t), "top_processes": -5}, r"^top_processes must be 0 or more"),
     Case(memory_facts, "mem-cgroup-usage-garbage", lambda t: mem(t, {"memory.max": "max\n", "memory.current": "junk\n"}),

@@ -375,10 +375,10 @@ def test_untrusted_state_document(tmp_path, state, content, pattern):
     assert any(f["id"] == "F10" and f["severity"] == "error" for f in result["live_findings"])
     assert victim.read_text() == "not the collection's", "a file outside the unit dir was touched"
     assert all(name in {"localinference-vllm.service"} for name in result["live_start_order"])
-    if state == "verified":
+    if content == "dir":
+        assert_refused(out, r"^path: .*serving\.json is a directory where a file belongs")
+    elif state == "verified":
         assert_refused(out, r"differs from the inventory \(F10\).*" + pattern)
-    elif state == "present" and content == "dir":
-        assert_refused(out, r"path: .*serving\.json is a directory where a file belongs")
     else:
         assert not out.failed, result.get("msg")
         if state == "present":  # the rollout recovers: the document is rewritten ...
@@ -473,17 +473,27 @@ def test_defect_unit_without_sha256(tmp_path):
     assert run(serving_state, args_for(tmp_path, "verified")).failed is False
 
 
-def test_defect_state_path_is_a_directory(tmp_path):
+@pytest.mark.parametrize("check_mode", [False, True])
+@pytest.mark.parametrize("state", STATES)
+def test_defect_state_path_is_a_directory(tmp_path, state, check_mode):
+    """Issue 39: staged wrote the staging place and reported changed; every state refuses now."""
     _write_state(tmp_path, "dir")
-    verified = run(serving_state, args_for(tmp_path, "verified"))
-    assert_refused(verified, r"\(F10\).*serving\.json is a directory, not a file")
-    present = run(serving_state, args_for(tmp_path, "present"))
-    assert_refused(present, r"^path: .*serving\.json is a directory where a file belongs")
-    assert not (tmp_path / "units").exists(), "present must stop before writing any unit"
-    for state in ("staged", "absent"):
-        out = run(serving_state, args_for(tmp_path, state))
-        assert not out.failed and out.result["live_matches"] is False
-        assert "is a directory" in out.result["differences"][0]
+    out = run(serving_state, args_for(tmp_path, state), check_mode)
+    assert_refused(
+        out,
+        r"^path: .*/etc/serving\.json is a directory where a file belongs; remove it or choose "
+        r"another path$",
+    )
+    assert out.result["changed"] is False
+    assert "is a directory" in out.result["differences"][0]  # still said why it differs
+    assert written(tmp_path) == ["victim"], "nothing may be written beside a refused path"
+
+
+def test_a_directory_where_the_staged_document_goes_is_refused(tmp_path):
+    (tmp_path / "etc" / "staging" / "serving.json").mkdir(parents=True)
+    out = run(serving_state, args_for(tmp_path, "staged"))
+    assert_refused(out, r"^staging_dir: .*/staging/serving\.json is a directory where a file belongs")
+    assert written(tmp_path) == []
 
 
 def test_absent_never_follows_a_symlinked_unit(tmp_path):

@@ -84,8 +84,51 @@ def test_status_recorded_pid1():
     assert status["rss_kib"] > 0
 
 
-def test_status_kernel_thread_has_no_rss():
-    assert parse_status("Name:\tkthreadd\nUid:\t0\t0\t0\t0\n")["rss_kib"] == 0
+KTHREAD = "Name:\tkthreadd\nUmask:\t0000\nState:\tS (sleeping)\nPid:\t2\nPPid:\t0\nUid:\t0\t0\t0\t0\n"
+ZOMBIE = "Name:\tworker\nState:\tZ (zombie)\nPid:\t4242\nUid:\t1001\t1001\t1001\t1001\nThreads:\t1\n"
+
+
+@pytest.mark.parametrize("text", [KTHREAD, ZOMBIE], ids=["kernel-thread", "zombie"])
+def test_status_without_an_address_space_has_no_rss(text):
+    """Kernel threads and zombies have no Vm* lines: RSS 0, not an error."""
+    status = parse_status(text)
+    assert (status["rss_kib"], status["swap_kib"]) == (0, 0)
+
+
+def test_status_name_cannot_add_a_field():
+    """A process names itself; only \\n is escaped, so lines end at \\n and nowhere else."""
+    text = fixture("status-pid1.txt").replace("Name:\tprocess_api", "Name:\tx\x1cVmRSS:\tzz\u2028Uid:")
+    status = parse_status(text)
+    assert (status["uid"], status["rss_kib"]) == (0, 12272)
+    assert status["name"].startswith("x\x1cVmRSS")
+
+
+RECORDED = fixture("status-pid1.txt")
+
+
+# (case id, /proc/<pid>/status text, what the error says): issue 39, these were skipped in silence
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("\x7fELF\x02\x01\x01\x00" + "".join(map(chr, range(256))), r"NUL byte \(binary content\)"),
+        ("not a status file at all\n", r"no Uid line"),
+        ("", r"no Uid line"),
+        ("Uid:\t1000\t1000\t1000\t1000\n", r"no Name, State, Pid line"),
+        (RECORDED.replace("VmRSS:\t   12272 kB\n", ""), r"Vm\* lines without a VmRSS line"),
+        (RECORDED.replace("12272 kB", "lots kB"), r"status VmRSS: 'lots' is not a number"),
+        (RECORDED.replace("12272 kB", "12272"), r"status VmRSS: '12272' is not '<number> kB'"),
+        (RECORDED.replace("12272 kB", "12272 MB"), r"status VmRSS: '12272 MB' is not '<number> kB'"),
+        (RECORDED.replace("VmRSS:\t   12272 kB", "VmRSS:"), r"status VmRSS: '' is not '<number> kB'"),
+        (RECORDED.replace("VmRSS:\t   12272 kB", "VmRSS:\t" + "9" * 40 + " kB"), r"status VmRSS: 9{19}.*40 digits"),
+        (RECORDED.replace("VmSwap:\t       0 kB", "VmSwap:\t-1 kB"), r"status VmSwap: '-1' is not a number"),
+        (RECORDED.replace("Uid:\t0", "Uid:\tnobody"), r"status Uid: 'nobody' is not a number"),
+    ],
+    ids=["binary", "text", "empty", "only-uid", "vm-without-rss", "rss-words", "rss-no-unit", "rss-mb",
+         "rss-empty", "rss-huge", "swap-negative", "uid-name"],
+)
+def test_status_that_the_kernel_did_not_write(text, pattern):
+    with pytest.raises(ProcParseError, match=pattern):
+        parse_status(text)
 
 
 @pytest.mark.parametrize(

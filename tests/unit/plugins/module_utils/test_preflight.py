@@ -260,12 +260,12 @@ def test_read_load(text, expected):
 def test_thresholds_are_named_when_wrong():
     memory, gpu = node_facts({"gpu": "gb10"})
     with pytest.raises(
-        PreflightInputError, match="preflight_min_shm_free_gib must be a number, got 'lots'"
+        PreflightInputError, match=r"^preflight_min_shm_free_gib: expected a number, got 'lots'"
     ):
         rank_summary(memory, gpu, THRESHOLDS | {"preflight_min_shm_free_gib": "lots"}, "n")
     with pytest.raises(PreflightInputError, match="thresholds lack preflight_max_load_per_cpu"):
         rank_summary(memory, gpu, {k: v for k, v in THRESHOLDS.items() if "load" not in k}, "n")
-    with pytest.raises(PreflightInputError, match="must be a number, got True"):
+    with pytest.raises(PreflightInputError, match="expected a number, got True"):
         rank_summary(memory, gpu, THRESHOLDS | {"preflight_max_load_per_cpu": True}, "n")
 
 

@@ -76,6 +76,15 @@ CASES: list[dict[str, Any]] = [
                           "left in place (the Quadlet check reads it too)"]}},
     {"id": "staged-blocking-problem-refuses", "state": "staged", "options": {"problems": BLOCKING},
      "plan": {"refusal": "F27: tp 3 does not divide 32 heads"}},
+    {"id": "staged-document-is-a-directory", "state": "staged", "directories": [STAGED_DOC],
+     "plan": {"refusal": f"staging_dir: {STAGED_DOC} is a directory where a file belongs; remove it "
+                         "or choose another staging_dir"}},
+    # --- a directory at path: refused in every state, before anything is written ---------
+    *({"id": f"{state}-state-path-is-a-directory", "state": state, "directories": [STATE],
+       "texts": CURRENT, "diff": DIFF, "options": {"problems": BLOCKING, "checks": True},
+       "plan": {"refusal": f"path: {STATE} is a directory where a file belongs; remove it or "
+                           "choose another path"}}
+      for state in ("staged", "present", "verified", "absent")),
     # --- present: back up, remove what is no longer rendered, write, reload -------------
     {"id": "present-new-recipe", "state": "present",
      "kinds": {RAY: REMOVABLE},
@@ -109,6 +118,9 @@ CASES: list[dict[str, Any]] = [
     {"id": "present-unit-path-is-a-directory", "state": "present", "directories": [UNIT],
      "plan": {"refusal": f"unit_dir: {UNIT} is a directory where a file belongs; remove it or "
                          "choose another unit_dir"}},
+    {"id": "present-previous-path-is-a-directory", "state": "present", "directories": [PREVIOUS],
+     "plan": {"refusal": f"path: {PREVIOUS} is a directory where a file belongs; remove it or "
+                         "choose another path"}},
     {"id": "present-stale-unit-that-is-a-directory", "state": "present",
      "kinds": {RAY: DIRECTORY},
      "plan": {"steps": [f"write {PREVIOUS}", f"write {UNIT}", f"write {STATE}"],

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The watchdog's parts other than the judgement: node parsers, the restart order, incidents,
+"""The watchdog's parts other than the judgement: node parsers, incidents,
 the Prometheus text (read back with prometheus_client's own parser) and the config's bounds."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._restart import restart_plan
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog import (
     _incidents as incidents,
 )
@@ -93,23 +92,7 @@ def test_systemctl_show_blocks() -> None:
     assert units[RAY]["NRestarts"] is None and units[RAY]["active_since_monotonic_us"] is None
 
 
-@pytest.mark.parametrize(("nodes", "want"), [
-    ([{"name": "w", "rank": 1, "start_order": [VLLM]}, {"name": "h", "rank": 0, "start_order": [VLLM]}],
-     [("stop", "h", [VLLM]), ("stop", "w", [VLLM]), ("verify", "h", []), ("verify", "w", []),
-      ("start", "w", [VLLM]), ("start", "h", [VLLM])]),
-    ([{"name": "h", "rank": 0, "start_order": [RAY, VLLM]}, {"name": "w", "rank": 1, "start_order": [RAY]}],
-     [("stop", "h", [RAY, VLLM]), ("stop", "w", [RAY]), ("verify", "h", []), ("verify", "w", []),
-      ("start", "h", [RAY]), ("start", "w", [RAY]), ("start", "h", [VLLM])]),
-    ([{"name": "h", "rank": 0, "start_order": [VLLM]}],
-     [("stop", "h", [VLLM]), ("verify", "h", []), ("start", "h", [VLLM])]),
-])
-def test_restart_plan_is_the_rollouts_order(nodes: list, want: list) -> None:
-    assert [(s["step"], s["node"], s["units"]) for s in restart_plan(nodes)] == want
-
-
-def test_restart_plan_needs_one_head() -> None:
-    with pytest.raises(ValueError, match="rank 0"):
-        restart_plan([{"name": "w", "rank": 1, "start_order": [VLLM]}])
+# restart_plan: test_restart_order.py, against playbooks/rollout.yml itself.
 
 
 def test_incidents_append_rotate_and_read(tmp_path: Path) -> None:

@@ -1,0 +1,208 @@
+# Copyright (c) localinference.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""NaN and infinity are refused everywhere a number is read (issue 39, item 2).
+
+``float()`` reads ``'nan'``, ``'inf'`` and ``'1e999'``, YAML reads ``.nan`` and ``.inf``, and
+Python's ``json`` reads ``NaN`` and ``Infinity``. A NaN compares false with every limit, so a
+check written ``value > limit`` lets it through in silence; an infinity turns into an
+``OverflowError`` at the first ``int()``. One row per entry point that reads a number from an
+option, a role variable or a node's file: each value must end in a refusal that names the
+variable (or the file), never in a traceback or a pass. The qualify gate's ``expected``
+figures are rows of ``test_qualify_expected.yaml``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from ansible.errors import AnsibleFilterError
+from ansible_collections.localinference.vllm.plugins.filter.kv import FilterModule as KvFilters
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._fabric_busbw import (
+    BusbwParseError,
+    parse_all_reduce,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe_lint import (
+    RecipeInputError,
+    lint_offload,
+    recipe_max_model_len,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._host_stack import (
+    HostStackInputError,
+    judge_node,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._preflight import (
+    PreflightInputError,
+    check_thresholds,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify import (
+    _qualify_load,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify import (
+    QualifyInputError,
+    Target,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_http import (
+    Client,
+    HttpError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _admission
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._stage_checks import (
+    StageCheckError,
+    judge_load,
+)
+from ansible_collections.localinference.vllm.plugins.modules import qualify_report, serving_state
+from ansible_collections.localinference.vllm.tests.unit.bad_input.test_bad_input_serving import (
+    args_for,
+    written,
+)
+from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
+
+NAN, INF = float("nan"), float("inf")
+# Each value as it arrives: a float (YAML .nan/.inf, JSON NaN/Infinity) and as text (-e x=nan).
+VALUES = [NAN, INF, -INF, "nan", "inf", "1e999"]
+THRESHOLDS = {
+    "preflight_min_free_memory_gib": 4,
+    "preflight_max_swap_used_percent": 50,
+    "preflight_max_psi_some_avg10": 10,
+    "preflight_min_shm_free_gib": 1,
+    "preflight_max_load_per_cpu": 4,
+}
+HOST_STACK_OPTIONS = {
+    "preflight_rdma": "auto",
+    "preflight_max_clock_offset_seconds": 1.0,
+    "preflight_weights_reserve_gib": 10,
+    "preflight_weights_bytes": 0,
+    "preflight_recipe": {},
+}
+OBSERVATIONS = [{"max_model_len": 262144, "kv_tokens": 285336, "kv_memory_gib": 8.59}]
+BUSBW_HEADER = (
+    "#       size         count      type   redop    root     time   algbw   busbw  #wrong"
+    "     time   algbw   busbw  #wrong\n"
+)
+
+
+def _busbw(busbw: str, error: str = "0") -> str:
+    row = f"  1073741824     268435456     float     sum      -1   100.0   10.74   {busbw}   {error}"
+    return BUSBW_HEADER + row + "   100.0   10.74   20.13   0\n"
+
+
+def _text(value: Any) -> str:
+    """The value as a node's file or a command line has it."""
+    return str(value)
+
+
+def _float(value: Any) -> float:
+    """The value as a module option of type float has it (Ansible converts 'nan' and 'inf')."""
+    return float(value)
+
+
+def _admission_main(value: Any, flag: str) -> None:
+    given = [f"{flag}={_text(value)}"]  # '=': '-inf' alone would read as an option
+    need = given if flag == "--need-gib" else ["--need-gib=1", *given]
+    _admission.main([*need, "--host", "n", "--proc-root", "/nonexistent"])
+
+
+def _refused(module, args: dict[str, Any]) -> None:
+    """Run the module; its refusal as a RefusedError, its success as a silent pass."""
+    out = run_module(module, args)
+    if not out.failed:
+        pytest.fail(f"silent success: {out.result}")
+    raise RefusedError(out.result["msg"])
+
+
+class RefusedError(Exception):
+    """A module's fail_json message."""
+
+
+def _serving_state(tmp_path, value: Any) -> None:
+    try:
+        _refused(serving_state, args_for(tmp_path, "staged", checks={"max_load_per_cpu": _float(value)}))
+    finally:
+        assert written(tmp_path) == [], "refused before anything is written"
+
+
+def _qualify_report(tmp_path, value: Any) -> None:
+    report = {"dest": str(tmp_path / "report"), "model": "m", "endpoint": "http://h:8080/v1"}
+    _refused(qualify_report, {"checks": [], **report, "reserve_gib": _float(value)})
+
+
+# (entry point, call(value, tmp_path), the refusal's type, pattern naming the variable or file)
+CASES: list[tuple[str, Callable[[Any, Any], Any], type[BaseException], str]] = [
+    ("preflight thresholds (filter preflight_rank)",
+     lambda v, t: check_thresholds(THRESHOLDS | {"preflight_max_load_per_cpu": v}),
+     PreflightInputError, r"^preflight_max_load_per_cpu: .*(not a finite number|expected a number)"),
+    ("host-stack options (filter preflight_rank)",
+     lambda v, t: judge_node({}, {}, HOST_STACK_OPTIONS | {"preflight_max_clock_offset_seconds": v}),
+     HostStackInputError, r"^preflight_max_clock_offset_seconds: .*not a finite number"),
+    ("host-stack weights reserve",
+     lambda v, t: judge_node({}, {}, HOST_STACK_OPTIONS | {"preflight_weights_reserve_gib": v}),
+     HostStackInputError, r"^preflight_weights_reserve_gib: .*not a finite number"),
+    ("qualify_check params (load checks)",
+     lambda v, t: _qualify_load._number(Target(None, "m", params={"max_stall_s": v}), "max_stall_s", 2.0),
+     QualifyInputError, r"^params\.max_stall_s: .*(not a finite number|is below 0)"),
+    ("qualify_check params (Target.param)",
+     lambda v, t: Target(None, "m", params={"x": v}).param("x", 1.0),
+     QualifyInputError, r"^params\.x must be (a finite number|float), got"),
+    ("qualify_check timeout",
+     lambda v, t: Client("http://127.0.0.1:1/v1", None, _float(v)),
+     HttpError, r"^timeout must be a positive, finite number of seconds"),
+    ("serving_state checks.max_load_per_cpu (serve_max_load_per_cpu)",
+     lambda v, t: _serving_state(t, v),
+     RefusedError, r"^checks\.max_load_per_cpu: .*not a finite number; .*serve_max_load_per_cpu"),
+    ("/proc/loadavg in staging's load check",
+     lambda v, t: judge_load(f"{_text(v)} 0.1 0.1 1/2 3\n", 2, 4.0, "spark-head"),
+     StageCheckError, r"^spark-head: /proc/loadavg is unreadable"),
+    ("admission --need-gib",
+     lambda v, t: _admission_main(v, "--need-gib"), SystemExit, r"^2$"),
+    ("admission --reserve-gib",
+     lambda v, t: _admission_main(v, "--reserve-gib"), SystemExit, r"^2$"),
+    ("recipe lint max_model_len (kv_budget, doctor)",
+     lambda v, t: recipe_max_model_len({"max_model_len": v}),
+     RecipeInputError, r"^recipe\.max_model_len must be an integer"),
+    ("recipe lint kv_offloading_size",
+     lambda v, t: lint_offload({"kv_offloading_size": v}, None),
+     RecipeInputError, r"^recipe\.kv_offloading_size must be GiB as a finite number"),
+    ("nccl-tests busbw column",
+     lambda v, t: parse_all_reduce(_busbw(_text(v))),
+     BusbwParseError, r"the row of 1073741824 bytes has busbw=.*not a measured bandwidth"),
+    ("nccl-tests #wrong/error column",
+     lambda v, t: parse_all_reduce(_busbw("20.13", _text(v))),
+     BusbwParseError, r"^wrong results at sizes \[1073741824\]"),
+    ("qualify_report reserve_gib",
+     lambda v, t: _qualify_report(t, v),
+     RefusedError, r"^reserve_gib: .*not a finite number"),
+    ("filter kv_tokens_for memory_gib",
+     lambda v, t: KvFilters().filters()["kv_tokens_for"](OBSERVATIONS, 262144, memory_gib=v),
+     AnsibleFilterError, r"^memory_gib: .*(not a finite number|is below 0)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", VALUES, ids=["nan", "inf", "-inf", "'nan'", "'inf'", "'1e999'"])
+@pytest.mark.parametrize(("call", "error", "pattern"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_nan_and_infinity_are_refused(call, error, pattern, value, tmp_path, capsys):
+    try:
+        call(value, tmp_path)
+    except error as exc:
+        message = str(exc) if not isinstance(exc, SystemExit) else str(exc.code)
+        assert re.search(pattern, message), message
+        if isinstance(exc, SystemExit):  # argparse names the flag on stderr
+            assert re.search(r"argument --(need|reserve)-gib: .*not a finite number of GiB", capsys.readouterr().err)
+        return
+    except Exception as exc:  # the point is to catch every traceback
+        pytest.fail(f"traceback instead of a refusal: {type(exc).__name__}: {exc}")
+    pytest.fail(f"{value!r} was accepted")
+
+
+def test_finite_values_still_pass():
+    """The same entry points take an ordinary number."""
+    assert check_thresholds(THRESHOLDS)["preflight_max_load_per_cpu"] == 4.0
+    assert judge_load("0.5 0.1 0.1 1/2 3\n", 2, 4.0, "n")["load1"] == 0.5
+    assert _qualify_load._number(Target(None, "m", params={"max_stall_s": 1}), "max_stall_s", 2.0) == 1.0
+    assert recipe_max_model_len({"max_model_len": 4096.0}) == 4096
+    assert [f["id"] for f in lint_offload({"kv_offloading_size": 1}, None)] == ["F16"]
+    assert parse_all_reduce(_busbw("20.13"))["busbw_gbps"] == 20.13
+    assert not math.isnan(KvFilters().filters()["kv_tokens_for"](OBSERVATIONS, 262144, memory_gib=8.59))
