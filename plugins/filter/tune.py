@@ -13,8 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import ValidationError
-from ansible_collections.localinference.vllm.plugins.module_utils.tune import _objective, _rules, _trials
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.tune import (
+    _objective,
+    _rules,
+    _trials,
+)
 
 
 def _checked(call: Any, *args: Any, **kwargs: Any) -> Any:

@@ -114,7 +114,8 @@ ansible_facts:
           C(profiling_skipped), C(kv_reserved_gib), C(kv_cache_memory_bytes_suggested),
           C(kv_insufficient), C(requested_max_model_len), C(kv_needed_gib), C(kv_available_gib),
           C(estimated_max_model_len), C(oom) (list of C({rank, bytes, line})), C(oom_rank),
-          C(died_ranks), C(scheduled_tokens), C(max_num_batched_tokens) (the step budget the engine settled on), C(init_seconds), C(engine_config) (C(max_model_len),
+          C(died_ranks), C(scheduled_tokens), C(max_num_batched_tokens) (the step budget the engine settled on),
+          C(init_seconds), C(engine_config) (C(max_model_len),
           C(tensor_parallel_size), C(pipeline_parallel_size) of the engine's config line),
           C(kv_report) (C(tokens) or C(blocks)), C(kv_cache_blocks), C(block_size),
           C(block_size_source) (C(log), or C(default) for vLLM's 16), C(kv_cache_reports) (capacity

@@ -17,8 +17,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ansible_collections.localinference.vllm.plugins.module_utils.common import _validate as validate
-from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import ValidationError
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
 
 STATUS_RANK = {"fail": 0, "not_meaningful": 1, "pass": 2}
 # figure -> (which way is better, what it means to an agent, the smallest value compared)

@@ -23,8 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ansible_collections.localinference.vllm.plugins.module_utils.common import _validate as validate
-from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import ValidationError
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
 
 FAIL, PASS = "fail", "pass"
 VLLM_DOCS = "vLLM docs, Optimization and Tuning (https://docs.vllm.ai/en/stable/configuration/optimization/)"
@@ -257,10 +261,10 @@ def propose(
         wanted = {k: v for k, v in rule.change(effective, figures, limits).items() if k in allowed}
         changes = {k: v for k, v in wanted.items() if not _same(recipe, k, v)}
         if not changes or not any(k in changes for k in rule.knobs[-1:]):
+            now = ", ".join(f"{k} is {_was(recipe, effective, k)}" for k in rule.knobs)
             skipped.append({
                 "rule": rule.name,
-                "why": f"{rule.name}: nothing to change: " + (", ".join(f"{k} is {_was(recipe, effective, k)}" for k in rule.knobs)
-                                                 + " (at its bound or already set so)"),
+                "why": f"{rule.name}: nothing to change: {now} (at its bound or already set so)",
             })
             continue
         candidates.append({

@@ -17,7 +17,6 @@ import difflib
 from typing import Any
 
 import yaml
-
 from ansible_collections.localinference.vllm.plugins.module_utils.tune._objective import FIGURES
 from ansible_collections.localinference.vllm.plugins.module_utils.tune._rules import KNOBS, findings
 

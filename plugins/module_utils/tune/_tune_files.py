@@ -14,7 +14,9 @@ import os
 import tempfile
 from typing import Any
 
-from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_plots import HAS_MATPLOTLIB
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_plots import (
+    HAS_MATPLOTLIB,
+)
 
 if HAS_MATPLOTLIB:
     from matplotlib import pyplot

@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import ValidationError
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.tune import _objective
 
 W = _objective.DEFAULT_WEIGHTS

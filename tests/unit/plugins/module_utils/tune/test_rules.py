@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import ValidationError
+from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
+    ValidationError,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.tune import _rules
 
 CASES = yaml.safe_load((Path(__file__).parent / "rules_cases.yml").read_text())

@@ -39,8 +39,8 @@ def test_the_limits_stop_the_tune() -> None:
 
 
 def test_the_diff_shows_only_what_changed_against_the_inventory() -> None:
-    diff = _trials.recipe_diff({"max_num_seqs": 4, "model": "m"}, {"max_num_seqs": 4, "model": "m",
-                                                                      "long_prefill_token_threshold": 1024})
+    serving = {"max_num_seqs": 4, "model": "m", "long_prefill_token_threshold": 1024, "cache_dir": "/c"}
+    diff = _trials.recipe_diff({"max_num_seqs": 4, "model": "m"}, serving)
     assert diff.splitlines()[:2] == ["--- vllm_recipe (inventory)", "+++ vllm_recipe (tuned)"]
     assert [line for line in diff.splitlines() if line.startswith(("+ ", "- "))] == [
         "+  long_prefill_token_threshold: 1024"]
