@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: tune_record
 short_description: Write the tune's record, the tuned recipe's diff and the plot of its trials
-version_added: 0.5.0
+version_added: 0.3.0
 description:
   - Writes C(tune.json) (every candidate, what the planner said of it, every trial with its
     qualification figures, outcome and seconds), C(tuned-recipe.diff) (the tuned recipe against
@@ -95,7 +95,7 @@ diff:
   returned: success
   type: str
 figures:
-  description: The objective's figures, C(name: before -> after), one line each.
+  description: "The objective's figures, one line each: C(<name>: <before> -> <after>)."
   returned: success
   type: list
   elements: str
