@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The tree shows the pipeline: plugins/module_utils has one folder per stage (and common/,
 engine/ for what every stage shares), and no module imports, directly or through others,
-a module that imports it back. The modules stay thin: no function in plugins/ over 80 lines."""
+a module that imports it back. The modules stay thin: no function in plugins/ over 80 lines.
+The unit tests mirror the tree: tests/unit/plugins/module_utils/<stage>/ beside plugins/module_utils/<stage>/."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common import 
 
 ROOT = Path(__file__).resolve().parents[2]
 UTILS = ROOT / "plugins" / "module_utils"
+UTILS_TESTS = ROOT / "tests" / "unit" / "plugins" / "module_utils"
 # The stage table (README) in pipeline order, then what every stage shares.
 STAGES = ["preflight", "fabric", "weights", "plan", "serve", "ingress", "watchdog", "monitoring",
           "client", "qualify", "doctor", "upgrade", "tune"]
@@ -26,6 +28,20 @@ def test_every_module_is_in_a_stage_folder() -> None:
     assert folders == sorted(STAGES + SHARED)
     for folder in folders:
         assert (UTILS / folder / "__init__.py").is_file(), f"{folder}/ has no __init__.py"
+
+
+def test_the_unit_tests_mirror_the_stage_folders() -> None:
+    # A test, its case table and its helpers sit in the folder of the stage they test; nothing
+    # but the package's __init__.py lies directly in tests/unit/plugins/module_utils.
+    entries = [p for p in UTILS_TESTS.iterdir() if p.name != "__pycache__"]
+    loose = sorted(p.name for p in entries if not p.is_dir() and p.name != "__init__.py")
+    assert loose == [], f"tests/unit/plugins/module_utils/ files outside a stage folder: {loose}"
+    assert (UTILS_TESTS / "__init__.py").is_file()
+    folders = sorted(p.name for p in entries if p.is_dir())
+    strays = sorted(set(folders) - set(STAGES + SHARED))
+    assert strays == [], f"tests/unit/plugins/module_utils/ folders with no plugins/module_utils twin: {strays}"
+    for folder in folders:
+        assert (UTILS_TESTS / folder / "__init__.py").is_file(), f"tests/.../{folder}/ has no __init__.py"
 
 
 def test_no_import_cycle() -> None:

@@ -9,7 +9,7 @@ host means for it once, and run none of the tasks that only several nodes need.
 Skipped tasks are not shown (``ANSIBLE_DISPLAY_SKIPPED_HOSTS=false``), so an
 excluded task name means the task ran; texts are compared with runs of white
 space made one (the callback wraps long messages). The rollout's rendering for one host is
-``plugins/module_utils/test_units_one_host.py``; the real thing is the one-host
+``plugins/module_utils/serve/test_units_one_host.py``; the real thing is the one-host
 lab (``make test-onehost``).
 """
 

@@ -26,7 +26,7 @@ Input (every part optional; anything malformed is a finding, never an exception)
                 # the other clients' configs (Claude Code, Codex, Qwen Code, Crush), by client
                 "others": {"codex": <doctor_facts file record>, ...}}}
 
-No AnsibleModule here: unit-tested on its own (tests/unit/plugins/module_utils/test_doctor.py).
+No AnsibleModule here: unit-tested on its own (tests/unit/plugins/module_utils/doctor/test_doctor.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ saved with a given id, the lint of the recipe the nodes actually run, and
 opencode's config judged against the served context. Findings are collected
 with :meth:`Doctor.add`, which adds ``evidence`` and ``doc`` (the catalog entry).
 
-No AnsibleModule here: unit-tested through tests/unit/plugins/module_utils/test_doctor.py.
+No AnsibleModule here: unit-tested through tests/unit/plugins/module_utils/doctor/test_doctor.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ evidence into checked values (``NodeEvidence``) plus ``problems``: every file,
 property and log is schema-checked here, and anything malformed becomes a
 problem the doctor reports (id ``evidence``), never an exception.
 
-No AnsibleModule here: unit-tested on its own (tests/unit/plugins/module_utils/test_doctor.py).
+No AnsibleModule here: unit-tested on its own (tests/unit/plugins/module_utils/doctor/test_doctor.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ node as it is during the doctor's run:
   the unit files on the node (``quadlet_verify``), which is what the next start
   runs whatever ``serving.json`` records.
 
-No AnsibleModule here: unit-tested through tests/unit/plugins/module_utils/test_doctor.py.
+No AnsibleModule here: unit-tested through tests/unit/plugins/module_utils/doctor/test_doctor.py.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ The evidence (``doctor_node.live`` of the head, what the second ``doctor_facts``
                            "waited_s": 20.0}, ...]},
      "incidents": {"path": "...", "exists": true, "incidents": [...], "problems": [...]}}
 
-No AnsibleModule and no HTTP here: unit-tested through tests/unit/plugins/module_utils/test_doctor.py.
+No AnsibleModule and no HTTP here: unit-tested through tests/unit/plugins/module_utils/doctor/test_doctor.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ until it ends; vLLM gives it ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (300 s by de
 ``vllm/envs.py``) before it declares the engine dead. A watchdog that restarts a compiling
 engine throws the compile away and meets it again. Pure: the latest lines of the engine's
 journal in, ``{compiling, what, line}`` out. The lines and their sources:
-``tests/unit/plugins/module_utils/test_vllm_compile.yaml``.
+``tests/unit/plugins/module_utils/engine/test_vllm_compile.yaml``.
 
 The latest line that says something about a compile decides:
 

@@ -27,7 +27,7 @@ when the evidence cannot be read: fail closed), with one line on stderr that sta
 memory: NVIDIA's advice for GB10) first writes back dirty pages and drops the clean page
 cache, so the engine's own view of free memory is not crowded by cache; the measurement after
 it is the same (``MemAvailable`` already counts reclaimable cache).
-``tests/unit/plugins/module_utils/test_admission.py`` checks that its parsing
+``tests/unit/plugins/module_utils/serve/test_admission.py`` checks that its parsing
 agrees with ``_memory_facts`` on the same recorded files.
 """
 

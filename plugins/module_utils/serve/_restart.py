@@ -46,7 +46,7 @@ RAY_UNIT = "localinference-ray.service"
 # hosts, the serve role's tasks file that does it, which of a node's start_order units it
 # starts). The rollout's plays run these files in this order (the rm -> update and the
 # verify are the two halves of the play that imports apply.yml); restart_plan orders the
-# watchdog's steps by this table, and tests/unit/plugins/module_utils/test_restart_order.py
+# watchdog's steps by this table, and tests/unit/plugins/module_utils/serve/test_restart_order.py
 # reads the plays and the tasks files back and compares, so neither can change alone.
 HEAD, WORKERS, CLUSTER = "vllm_head", "vllm_workers", "vllm_cluster"
 ALL_UNITS, RAY_ONLY, SERVER = "all", "ray", "server"  # SERVER: every unit but Ray's

@@ -4,7 +4,7 @@
 
 Pure: a look (what the probes read, see ``_watchdog.look``) and the state carried from the
 previous look go in; findings, the verdict, the action and the next state come out. Case
-table: ``tests/unit/plugins/module_utils/test_watchdog_judge.yaml``.
+table: ``tests/unit/plugins/module_utils/watchdog/test_watchdog_judge.yaml``.
 
 Verdicts (roles/watchdog/README.md):
 

@@ -152,7 +152,7 @@ HUB_TOKEN = (
     "hf_0123456789secret"  # the stand-in hub's token (tests/unit/.../test_manifest_hf_snapshot.py)
 )
 HUB_SNAPSHOT = SNAPSHOT.replace("tiny-deepseek", "hubtest")
-STAND_IN = ROOT / "tests" / "unit" / "plugins" / "module_utils" / "test_manifest_hf_snapshot.py"
+STAND_IN = ROOT / "tests" / "unit" / "plugins" / "module_utils" / "weights" / "test_manifest_hf_snapshot.py"
 # Serves the lab model's files as repo localinference/hubtest from inside the head: the
 # same stand-in hub as the unit tests, run with the head's own Python (stdlib only).
 SERVE = f"""
@@ -160,7 +160,7 @@ import importlib.util, os, sys, time, types
 sys.modules["pytest"] = types.SimpleNamespace(
     importorskip=lambda name: None, fixture=lambda f: f,
     mark=types.SimpleNamespace(parametrize=lambda *a, **k: (lambda f: f)))
-spec = importlib.util.spec_from_file_location("hub", "/root/lab-hub/a/b/c/d/hub.py")
+spec = importlib.util.spec_from_file_location("hub", "/root/lab-hub/a/b/c/d/e/hub.py")
 hub_module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(hub_module)
 hub_module.REPO = "{HUB_TEST_ID}"
@@ -209,9 +209,9 @@ def stand_in_hub(tmp_path, converged):
     )
     if fetched.returncode != 0:
         pytest.skip(f"cannot download huggingface_hub wheels for the head: {fetched.stderr[-500:]}")
-    exec_on(HEAD, "mkdir", "-p", "/root/lab-hub/a/b/c/d")
+    exec_on(HEAD, "mkdir", "-p", "/root/lab-hub/a/b/c/d/e")
     podman("cp", str(wheels), f"{HEAD}:/root/lab-hub/wheels")
-    podman("cp", str(STAND_IN), f"{HEAD}:/root/lab-hub/a/b/c/d/hub.py")
+    podman("cp", str(STAND_IN), f"{HEAD}:/root/lab-hub/a/b/c/d/e/hub.py")
     # The hub runs for the whole test: started in the background, stopped below.
     server = subprocess.Popen(["podman", "exec", HEAD, "python3", "-c", SERVE])
     try:

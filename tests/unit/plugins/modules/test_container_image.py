@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.localinference.vllm.plugins.modules import container_image
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
-from ansible_collections.localinference.vllm.tests.unit.plugins.module_utils.test_image import (
+from ansible_collections.localinference.vllm.tests.unit.plugins.module_utils.serve.test_image import (
     write_archive,
 )
 

@@ -9,7 +9,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._admissi
 from ansible_collections.localinference.vllm.plugins.modules import memory_admission
 
 from ...module_helper import run_module
-from ..module_utils.test_admission import UNIT, lab_tree
+from ..module_utils.serve.test_admission import UNIT, lab_tree
 
 
 def test_admitted_refused_and_report_only(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.localinference.vllm.plugins.modules import quadlet_verify
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
-from ansible_collections.localinference.vllm.tests.unit.plugins.module_utils.test_units_quadlet import (
+from ansible_collections.localinference.vllm.tests.unit.plugins.module_utils.serve.test_units_quadlet import (
     QUADLET,
 )
 

@@ -21,7 +21,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._stage_c
 )
 from ansible_collections.localinference.vllm.plugins.modules import serving_state
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
-from ansible_collections.localinference.vllm.tests.unit.plugins.module_utils.test_units_quadlet import (
+from ansible_collections.localinference.vllm.tests.unit.plugins.module_utils.serve.test_units_quadlet import (
     QUADLET,
 )
 from ansible_collections.localinference.vllm.tests.unit.plugins.modules.test_serving_state import (

@@ -7,7 +7,7 @@ Each test makes its own files in /dev/shm under a unique prefix
 that maps (or only opens) one of the files must keep it; unmapped orphans go.  Every
 file and child is removed in ``finally`` blocks.  Podman is a stand-in script printing
 no container, so the lab's containers do not decide these tests (the container check
-itself is tested in tests/unit/plugins/module_utils/test_shm_offload.py).
+itself is tested in tests/unit/plugins/module_utils/serve/test_shm_offload.py).
 
 An unreadable /proc entry: as root every ``/proc/PID/maps`` is readable, so one test
 runs the inspection as ``nobody`` against the real /proc (root's processes are then
