@@ -220,7 +220,7 @@ def test_short_intervals_every_address_a_webhook_and_no_watchdog():
 
 
 @pytest.mark.parametrize("url", [
-    # roles/monitoring/README.md's examples: ntfy's built-in Alertmanager template, and a
+    # docs/monitoring.md's examples: ntfy's built-in Alertmanager template, and a
     # self-hosted ntfy with a user in the URL; tests/lab/faults/test_alert_delivery.py's receiver.
     "https://ntfy.sh/spark-alerts-7f3kq9x2?template=alertmanager",
     "https://alertmanager:s3cret-Pa55@ntfy.example.net/alerts?template=alertmanager",
