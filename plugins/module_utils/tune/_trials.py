@@ -14,9 +14,8 @@
 from __future__ import annotations
 
 import difflib
+import json
 from typing import Any
-
-import yaml
 from ansible_collections.localinference.vllm.plugins.module_utils.tune._objective import FIGURES
 from ansible_collections.localinference.vllm.plugins.module_utils.tune._rules import KNOBS, findings
 
@@ -48,8 +47,10 @@ def next_trial(
 
 
 def _yaml(recipe: dict[str, Any]) -> list[str]:
-    text = yaml.safe_dump({"vllm_recipe": recipe}, sort_keys=True, default_flow_style=False, width=1000)
-    return text.splitlines(keepends=True)
+    """The recipe as YAML, one key per line, sorted; each value in JSON's flow form (valid YAML)."""
+    lines = ["vllm_recipe:\n"]
+    lines += [f"  {key}: {json.dumps(recipe[key], sort_keys=True)}\n" for key in sorted(recipe)]
+    return lines
 
 
 def tuned_recipe(inventory: dict[str, Any], serving: dict[str, Any]) -> dict[str, Any]:
