@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 from typing import Any
+
 from ansible_collections.localinference.vllm.plugins.module_utils.tune._objective import FIGURES
 from ansible_collections.localinference.vllm.plugins.module_utils.tune._rules import KNOBS, findings
 
