@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +61,7 @@ class Options:
     report_dir: Path = Path(".lab/soak-upgrades")
 
 
-class Fault:
+class Fault(ABC):
     def __init__(self, spec: FaultSpec, options: Options) -> None:
         self.spec, self.options = spec, options
         self.since = 0.0  # the epoch just before the cause
@@ -68,6 +69,7 @@ class Fault:
         self.error: str | None = None
         self.pids: list[str] = []
 
+    @abstractmethod
     def cause(self) -> None:
         raise NotImplementedError
 
@@ -179,6 +181,7 @@ class Upgrade(Fault):
 
     expect = ""
 
+    @abstractmethod
     def changes(self) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -195,6 +198,7 @@ class Upgrade(Fault):
         self.run = upgrade(self.changes(), UPGRADE_SAVED, reports / "upgrade")
         self.error = self.judge()
 
+    @abstractmethod
     def judge(self) -> str | None:
         raise NotImplementedError
 

@@ -6,6 +6,7 @@
 - ``tune_weights``: ``tune_weights`` over the objective's defaults, checked.
 - ``tune_judge``: whether a trial's qualification beats the incumbent's (verdict ordering, then score).
 - ``tune_next``: the next trial, or none and why the tune stops.
+- ``tune_planner_verdict``: whether the plan role's judgement of a candidate lets it be tried.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ def tune_next(candidates: Any, trials: Any, incumbent: Any, max_trials: Any, bud
     )
 
 
+def tune_planner_verdict(plan: Any, candidate_id: Any, served: Any) -> dict[str, Any]:
+    if not isinstance(plan, dict):
+        raise AnsibleFilterError(f"tune_planner_verdict: plan_budget must be a mapping, got {str(plan)[:100]!r}")
+    return _trials.planner_verdict(str(candidate_id), plan, int(served))
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -74,4 +81,5 @@ class FilterModule:
             "tune_weights": tune_weights,
             "tune_judge": tune_judge,
             "tune_next": tune_next,
+            "tune_planner_verdict": tune_planner_verdict,
         }

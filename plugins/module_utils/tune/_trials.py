@@ -8,6 +8,7 @@
 - :func:`recipe_diff`: the tuned recipe (the inventory's, with the tune's knobs as the stack
   serving now has them) as a unified diff against the inventory's ``vllm_recipe`` (YAML,
   sorted), for review; never written into the inventory.
+- :func:`planner_verdict`: whether the plan of a candidate lets it be tried.
 - :func:`document`: ``tune.json``. No I/O here.
 """
 
@@ -45,6 +46,27 @@ def next_trial(
         if candidate["id"] not in tried and candidate["finding"] in open_checks:
             return {"candidate": candidate, "why": f"{candidate['finding']} is still open"}
     return {"candidate": None, "why": "every candidate for " + ", ".join(sorted(open_checks)) + " was tried or dropped"}
+
+
+def planner_verdict(candidate_id: str, plan: dict[str, Any], served: int) -> dict[str, Any]:
+    """The plan role's judgement of a candidate (``plan_budget``): accepted only when it is feasible,
+    has no error, and serves the ``served`` context the agents were configured with."""
+    errors = [v.get("message", "") for v in plan.get("violations") or [] if v.get("severity") == "error"]
+    feasible = bool(plan.get("feasible")) and not errors
+    length = int(plan.get("served_max_model_len") or 0)
+    if not feasible:
+        why = "; ".join(errors) or "the plan is not feasible"
+    elif length != served:
+        why = f"it would serve {length} tokens of context, not the {served} the agents were configured with"
+    else:
+        why = f"the plan fits, with the same {served} tokens of context"
+    return {
+        "accepted": feasible and length == served,
+        "feasible": bool(plan.get("feasible")),
+        "served_max_model_len": length,
+        "concurrency": plan.get("concurrency") or {},
+        "why": f"{candidate_id}: {why}",
+    }
 
 
 def _yaml(recipe: dict[str, Any]) -> list[str]:

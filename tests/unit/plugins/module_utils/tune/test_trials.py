@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from ansible_collections.localinference.vllm.plugins.module_utils.tune import _trials, _tune_files
 
 HOL = {"checks": {"head_of_line": "fail"}, "figures": {"head_of_line_stall_s": 3.6}}
@@ -57,3 +58,21 @@ def test_the_record_files(tmp_path) -> None:
     assert (tmp_path / "tune" / "tuned-recipe.diff").read_text() == "diff\n"
     assert paths["plot"] and (tmp_path / "tune" / "trials.png").stat().st_size > 1000
     assert _trials.before_after(HOL, FIXED)[0] == "head_of_line_stall_s: 3.6 -> 0.1"
+
+
+@pytest.mark.parametrize(
+    ("plan", "accepted", "why"),
+    [
+        ({"feasible": True, "served_max_model_len": 65536, "violations": []}, True, "the plan fits"),
+        ({"feasible": True, "served_max_model_len": 32768, "violations": []}, False,
+         "would serve 32768 tokens of context, not the 65536"),
+        ({"feasible": False, "served_max_model_len": 65536, "violations": [
+            {"severity": "error", "message": "client_limits.context 131072 exceeds the server's max_model_len 65536"},
+            {"severity": "warning", "message": "ignored"}]}, False, "client_limits.context 131072 exceeds"),
+        ({"feasible": True, "served_max_model_len": 65536, "violations": [{"severity": "error", "message": "F27"}]},
+         False, "cap: F27"),
+    ],
+)  # fmt: skip
+def test_the_planner_verdict(plan, accepted, why) -> None:
+    got = _trials.planner_verdict("cap", plan, 65536)
+    assert got["accepted"] is accepted and why in got["why"] and "ignored" not in got["why"]
