@@ -16,7 +16,7 @@ MOLECULE    := cd $(CURDIR) && $(BIN)/molecule
 LAB_INVENTORY := inventories/lab/hosts.yml
 
 .PHONY: help bootstrap system-packages images lab lab-up lab-down lab-clean test test-unit lint sanity \
-        test-molecule test-lab test-lab-faults test-lab-extended test-lab-clients test-lab-tune tune test-scale scale-up scale-down test-onehost build bench soak soak-smoke \
+        test-molecule test-lab test-lab-faults test-lab-extended test-lab-clients test-lab-tune tune test-scale scale-up scale-down test-onehost build bench bench-smoke soak soak-smoke \
         test-release docs release
 
 help:
@@ -41,7 +41,8 @@ help:
 	@echo "                after, the incidents, the goals); exits 1 when the endpoint never answered, a fault went"
 	@echo "                wrong or was not recovered, or availability outside fault windows is below"
 	@echo "                SOAK_MIN_AVAILABILITY (default 99.0); not part of make test"
-	@echo "make soak-smoke the same for 3 minutes with one wedge"
+	@echo "make soak-smoke the same for 3 minutes with one wedge (part of make test)"
+	@echo "make bench-smoke the benchmarks' short form: verify on less data, the no-op run (part of make test)"
 	@echo "make test-release  build the tarball, install it offline, ansible-doc and --syntax-check from it"
 	@echo "make docs       the modules', plugins' and roles' docs as HTML in .lab/docs/html (antsibull-docs)"
 	@echo "make release    cut the version in galaxy.yml from changelogs/fragments (antsibull-changelog)"
@@ -156,6 +157,7 @@ test-molecule: images
 	  $(MOLECULE) converge; \
 	  $(MOLECULE) idempotence; \
 	  $(MOLECULE) verify; \
+	  $(MAKE) --no-print-directory soak-smoke bench-smoke; \
 	  $(LAB_PYTEST) -m "not extended" tests/lab/faults
 
 # Against a lab made by `make lab`: the state tests, then the fault tests.
@@ -195,6 +197,12 @@ test-lab-tune: bootstrap
 bench: bootstrap
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
+# The benchmarks' short form `make test` runs (so they cannot rot): the verify part on less data
+# and the no-op site.yml (about 1 min); exits 1 when a part measured nothing or the no-op changed
+# or restarted anything. Writes $(LAB)/bench-smoke.json.
+bench-smoke: bootstrap
+	$(BIN)/python benchmarks/bench.py --short --only verify,noop --output $(LAB)/bench-smoke.json
+
 # Bounded agent-shaped traffic (2-4 sessions, tool turns, growing context) against the lab's
 # ingress for SOAK_MINUTES, as a client talks to it (TLS with the ingress's CA, the key), through
 # the faults that fit the minutes, spaced evenly (benchmarks/_soak_schedule.py: 60 minutes is all
@@ -204,7 +212,7 @@ bench: bootstrap
 # $(LAB)/soak-requests.jsonl; stops by itself and exits 1 when the endpoint never answered before
 # any fault (nothing written), a fault was not caused, went wrong or was not recovered, or
 # availability outside fault windows is below its floor.
-# soak-smoke: 3 minutes, one wedge. Neither is part of `make test`.
+# soak-smoke: 3 minutes, one wedge; `make test` runs it on the molecule lab before the fault tests.
 SOAK_MINUTES ?= 20
 soak: bootstrap
 	SOAK_MINUTES=$(SOAK_MINUTES) $(BIN)/python benchmarks/soak.py

@@ -184,16 +184,25 @@ def _read_stream(response: Any, started: float) -> dict[str, Any]:
     """The streamed chat completion: first-token time, content, tool calls, finish, usage."""
     sse_token = module_utils("serve._ready").sse_token
     ttft, content, calls, finish, usage = None, [], {}, None, None
+    seen: list[str] = []  # the first lines, to say what came instead of a finish_reason
     while True:
         raw = response.readline(1 << 20)
         if not raw:
             break
         line = raw.decode("utf-8", "replace").strip()
+        if line and len(seen) < 3:
+            seen.append(line[:160])
         if ttft is None and sse_token(line):
             ttft = time.monotonic() - started
         if not line.startswith("data:") or line == "data: [DONE]":
             continue
         chunk = json.loads(line[5:])
+        # vLLM's in-stream error event: {"error": {"message": ...}} (older: {"object": "error", ...})
+        error = chunk.get("error") if isinstance(chunk.get("error"), dict) else None
+        if error is None and chunk.get("object") == "error":
+            error = chunk
+        if error is not None:
+            raise RuntimeError(f"the stream carried an error: {error.get('message') or error}"[:300])
         usage = chunk.get("usage") or usage
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
@@ -206,7 +215,8 @@ def _read_stream(response: Any, started: float) -> dict[str, Any]:
                 entry["arguments"] += function.get("arguments") or ""
             finish = choice.get("finish_reason") or finish
     if finish is None:
-        raise RuntimeError("the stream ended without a finish_reason")
+        got = " | ".join(seen) if seen else "nothing"
+        raise RuntimeError(f"the stream ended without a finish_reason (it began: {got})"[:300])
     return {"ttft": ttft, "content": "".join(content), "tool_calls": [calls[i] for i in sorted(calls)],
             "finish_reason": finish, "prompt_tokens": (usage or {}).get("prompt_tokens")}
 

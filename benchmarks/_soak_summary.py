@@ -178,7 +178,8 @@ def summarise(
         "conversations": len({(r.session, r.conversation) for r in requests}),
         "ttft_p50_s": _shown(percentile(ttfts, 50)),
         "ttft_p95_s": _shown(percentile(ttfts, 95)),
-        "errors": dict(Counter(r.error for r in requests if r.error and not r.deferred)),
+        # by kind: what a stream began with stays in soak-requests.jsonl
+        "errors": dict(Counter(r.error.split(" (it began:")[0] for r in requests if r.error and not r.deferred)),
         "deferrals": dict(Counter(r.error for r in requests if r.error and r.deferred)),
         "faults": {},
     }

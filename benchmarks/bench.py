@@ -22,7 +22,7 @@ that returns without its figures (benchmarks/_measured.py) failed: it measured n
 With ``--lock FILE`` (or ``LOCALINFERENCE_LAB_LOCK``) the lab parts run holding
 ``flock`` on FILE, the lock other users of the shared lab take.
 
-    .venv/bin/python benchmarks/bench.py [--only verify,rollout,watchdog,noop,kv,growth] [--output .lab/bench.json]
+    .venv/bin/python benchmarks/bench.py [--only verify,rollout,watchdog,noop,kv,growth] [--output .lab/bench.json] [--short]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import datetime
 import fcntl
+import functools
 import json
 import os
 import platform
@@ -59,6 +60,8 @@ from lab.harness import LAB_DIR, ROOT, LabError, lab_up
 
 PARTS = ("verify", "rollout", "watchdog", "noop", "kv", "growth")
 LAB_PARTS = ("rollout", "watchdog", "noop", "growth")
+# --short: the same measures on less data (the ratios stay meaningful, the figures noisier)
+SHORT_VERIFY = {"files": 4, "file_mib": 64, "small_files": 200, "rounds": 1, "growth": False}
 # (bench.json key, the two times it is made of, goal, how it reads)
 HEADLINES = (
     ("rollout_first_token_ratio", ("rollout_seconds", "by_hand_tp2_seconds"), "<= 1.3 (1.15)",
@@ -215,6 +218,9 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=LAB_DIR / "bench.json")
     parser.add_argument("--lock", default=os.environ.get("LOCALINFERENCE_LAB_LOCK") or None)
     parser.add_argument("--top", type=int, default=15, help="slowest tasks kept per breakdown")
+    parser.add_argument("--short", action="store_true",
+                        help="the short form CI runs (`make bench-smoke`): the verify part on"
+                             f" {SHORT_VERIFY['files']} x {SHORT_VERIFY['file_mib']} MiB, one cold round")
     args = parser.parse_args()
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(PARTS))
@@ -232,7 +238,8 @@ def main() -> int:
     }
     results = document["parts"]
     if "verify" in parts:
-        results["verify"] = run_part("verify", manifest_verify.measure, manifest_verify.report)
+        verify = functools.partial(manifest_verify.measure, **(SHORT_VERIFY if args.short else {}))
+        results["verify"] = run_part("verify", verify, manifest_verify.report)
     lab_parts = [p for p in LAB_PARTS if p in parts]
     if lab_parts and not lab_up():
         for part in lab_parts:

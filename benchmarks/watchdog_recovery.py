@@ -44,7 +44,7 @@ from benchmarks._faults import (
     watchdog_active,
 )
 from benchmarks._measured import exit_code
-from lab.harness import HEAD, WORKER, LabError, exec_on, lab_up
+from lab.harness import HEAD, VLLM_UNIT, WORKER, LabError, exec_on, lab_up
 
 DETECT_GOAL_INTERVALS = 2.0
 RECOVER_GOAL = 1.3
@@ -52,6 +52,20 @@ RECOVER_GOAL = 1.3
 RESTART_STEP = re.compile(
     r"^(?P<at>\d+\.\d+) \S+ watchdog\[\d+\]: restart: (?P<node>[\w.-]+): (?P<step>stop|verify|start)\b"
 )
+# Where an engine boot's seconds go, read off the head's server unit journal (vLLM 0.32's own
+# lines, as `make lab` logs them; tests/unit/fixtures/vllm-logs/lab-boot-journal.txt): each
+# milestone's first line after the unit's "Starting", in the order they come.
+BOOT_MILESTONES = (
+    ("unit_started", re.compile(r"systemd\[1\]: Started localinference-vllm")),
+    ("python_up", re.compile(r"\(APIServer pid=\d+\) .*non-default args:")),
+    ("engine_process", re.compile(r"Initializing a V1 LLM engine")),
+    ("ranks_joined", re.compile(r"rank 0 in world size \d+ is assigned as")),
+    ("weights_loaded", re.compile(r"Loading weights took")),
+    ("engine_ready", re.compile(r"init engine \(profile, create kv cache, warmup model\) took")),
+    ("api_up", re.compile(r"Application startup complete")),
+)
+_UNIT_STARTING = re.compile(r"^(?P<at>\d+\.\d+) \S+ systemd\[1\]: Starting localinference-vllm")
+_AT = re.compile(r"^(?P<at>\d+\.\d+) ")
 # Bounds only: the lab's watchdog waits up to watchdog_ready_timeout_s (300 s) for a token.
 RECOVER_TIMEOUT = 600
 BOOT_TIMEOUT = 900
@@ -76,6 +90,33 @@ def restart_steps(journal: str, since: float) -> list[dict[str, Any]]:
             steps.append({"node": match["node"], "step": match["step"],
                           "seconds": round(float(match["at"]) - since, 2)})
     return steps
+
+
+def boot_milestones(journal: str, token_at: float | None = None) -> dict[str, float]:
+    """Seconds from the last "Starting" of the head's server unit to each milestone (and the token).
+
+    ``journal`` is ``journalctl -o short-unix`` of the unit; a milestone the boot never logged
+    is left out, so a missing key says the engine did not get there.
+    """
+    lines = journal.splitlines()
+    starts = [i for i, line in enumerate(lines) if _UNIT_STARTING.match(line)]
+    if not starts:
+        return {}
+    zero = float(_UNIT_STARTING.match(lines[starts[-1]])["at"])
+    found: dict[str, float] = {}
+    for line in lines[starts[-1]:]:
+        at = _AT.match(line)
+        for name, pattern in BOOT_MILESTONES:
+            if at and name not in found and pattern.search(line):
+                found[name] = round(float(at["at"]) - zero, 2)
+    if token_at is not None:
+        found["first_token"] = round(token_at - zero, 2)
+    return found
+
+
+def server_journal(since: float, until: float) -> str:
+    return exec_on(HEAD, "journalctl", "-u", VLLM_UNIT, "--since", f"@{since:.0f}", "--until",
+                   f"@{until + 1:.0f}", "-o", "short-unix", "--no-pager", check=False).stdout
 
 
 def journal_since(since: float, until: float) -> str:
@@ -128,6 +169,7 @@ def wedge(every: float) -> dict[str, Any]:
         "restart_steps": steps,
         # From the head's server start (the last start step) to the streamed token.
         "engine_boot_seconds": round(token_at - verdict["epoch"] - starts[-1], 2) if starts else None,
+        "boot_milestones": boot_milestones(server_journal(verdict["epoch"], token_at), token_at),
     }
 
 
@@ -142,6 +184,8 @@ def plain() -> dict[str, Any]:
             done["token_at"] - done["started_at"] - done["systemctl_seconds"], 2
         ),
         "load_at_start": round(load, 2),
+        "boot_milestones": boot_milestones(server_journal(done["started_at"], done["token_at"]),
+                                           done["token_at"]),
     }
 
 
@@ -191,6 +235,10 @@ def report(result: dict[str, Any]) -> str:
             f" watchdog paused) -> first streamed token: {p['seconds']:.1f} s (systemctl"
             f" {p['systemctl_seconds']:.1f} s, then {p['engine_boot_seconds']:.1f} s to the token;"
             f" load {p['load_at_start']:.1f})",
+            "where the head's boot went (s after its unit's Starting; W | P): " + ", ".join(
+                f"{name} {w['boot_milestones'].get(name, '-')} | {p['boot_milestones'].get(name, '-')}"
+                for name in [*(m for m, _ in BOOT_MILESTONES), "first_token"]
+            ),
             f"DETECT {detect:.1f} s   (goal <= 2 x interval = {goal:g} s: {'met' if detect <= goal else 'NOT met'})",
             f"RATIO recovery/plain restart: {ratio:.2f}   (goal <= {RECOVER_GOAL}:"
             f" {'met' if ratio <= RECOVER_GOAL else 'NOT met'})",

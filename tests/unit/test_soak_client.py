@@ -308,3 +308,33 @@ def test_with_fresh_key_is_none_when_the_key_did_not_change(tmp_path):
     assert client.with_fresh_key(client.Target("https://127.0.0.1:9/v1", None, "sk-0"), env).key == "sk-1"
     assert client.with_fresh_key(client.Target("https://127.0.0.1:9/v1", None, "sk-0"),
                                  {"SOAK_KEY_FILE": str(tmp_path / "gone")}) is None
+
+
+class _Lines:
+    """A response body read line by line, as http.client gives it."""
+
+    def __init__(self, *lines: bytes) -> None:
+        self.lines = list(lines)
+
+    def readline(self, _limit: int) -> bytes:
+        return self.lines.pop(0) if self.lines else b""
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        # vLLM's in-stream error event (serving_chat.py: `data: {"error": {...}}` then [DONE])
+        ((b'data: {"error": {"message": "engine dead", "type": "InternalServerError", "code": 500}}\n',
+          b"data: [DONE]\n"), "the stream carried an error: engine dead"),
+        ((b'data: {"object": "error", "message": "too long", "type": "BadRequestError", "code": 400}\n',),
+         "the stream carried an error: too long"),
+        # a body that is not a stream at all is named by its first line
+        ((b"<html>bad gateway</html>\n",),
+         "the stream ended without a finish_reason (it began: <html>bad gateway</html>)"),
+        ((), "the stream ended without a finish_reason (it began: nothing)"),
+    ],
+)
+def test_a_stream_without_a_finish_says_what_came_instead(lines, message):
+    with pytest.raises(RuntimeError) as err:
+        client._read_stream(_Lines(*lines), time.monotonic())
+    assert str(err.value) == message

@@ -6,6 +6,8 @@ the watchdog's Prometheus text and journal (benchmarks/_faults.py, watchdog_reco
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks._faults import parse_metrics, watchdog_verdict
@@ -20,7 +22,7 @@ from benchmarks._soak_summary import (
     summary_lines,
     verdict,
 )
-from benchmarks.watchdog_recovery import restart_steps
+from benchmarks.watchdog_recovery import boot_milestones, restart_steps
 from lab.harness import LabError
 
 
@@ -158,6 +160,20 @@ def test_the_watchdogs_restart_steps_from_its_journal():
     assert restart_steps(JOURNAL, 1796301521.0) == [
         {"node": "spark-worker", "step": "start", "seconds": 0.92},
         {"node": "spark-head", "step": "start", "seconds": 1.93}]
+
+
+BOOT = (Path(__file__).parent / "fixtures" / "vllm-logs" / "lab-boot-journal.txt").read_text()
+
+
+def test_where_a_boot_went_from_the_servers_journal():
+    # the lab's real boot (vLLM 0.32 CPU, TP=2 over two nodes), seconds after the unit's Starting
+    assert boot_milestones(BOOT, 1796511819.103) == {
+        "unit_started": 0.34, "python_up": 8.23, "engine_process": 20.39, "ranks_joined": 28.58,
+        "weights_loaded": 28.75, "engine_ready": 29.38, "api_up": 30.45, "first_token": 60.0}
+    # a boot that never got its engine up says so by the keys it lacks
+    cut = "\n".join(line for line in BOOT.splitlines() if float(line.split()[0]) < 1796511785)
+    assert list(boot_milestones(cut)) == ["unit_started", "python_up", "engine_process"]
+    assert boot_milestones("no unit start here") == {}
 
 
 def deferred(started: float) -> Request:

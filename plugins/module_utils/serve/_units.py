@@ -65,6 +65,13 @@ CONTAINER_CACHE = "/var/cache/vllm"
 # ~/.nv/ComputeCache; CUDA programming guide, "CUDA Environment Variables").
 # XDG_CACHE_HOME is left alone: it would also move Hugging Face's cache and every other
 # library's, not only compiled kernels.
+# torch's precompiled C++ headers ignore TORCHINDUCTOR_CACHE_DIR: "We explicitly use
+# default_cache_dir here because these headers need to be global" (torch/_inductor/codecache.py,
+# _HEADER_DIR = tempfile.gettempdir()/torchinductor_<user>/precompiled_headers). In a container
+# that is a fresh /tmp at every start, so each restart compiled them again before its first
+# token (the lab's CPU engine: two g++ runs, 20-130 s). The cache mount is mounted there as
+# well (root, the image's user): the headers land in <cache_dir>/precompiled_headers.
+CONTAINER_TORCH_TMP = "/tmp/torchinductor_root"
 JIT_CACHES = (
     ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
     ("TRITON_CACHE_DIR", "triton"),
@@ -324,7 +331,8 @@ def _runtime_paths(
         mount, model_path = model_location(node.weights_path, recipe["revision"])
         env["VLLM_CACHE_ROOT"] = CONTAINER_CACHE
         _jit_caches(env, CONTAINER_CACHE)
-        volumes = [f"{mount}:{CONTAINER_MODEL_ROOT}:ro", f"{recipe['cache_dir']}:{CONTAINER_CACHE}"]
+        volumes = [f"{mount}:{CONTAINER_MODEL_ROOT}:ro", f"{recipe['cache_dir']}:{CONTAINER_CACHE}",
+                   f"{recipe['cache_dir']}:{CONTAINER_TORCH_TMP}"]
         # vllm_recipe.mounts: a publisher's files mounted instead of baked, read-only.
         volumes += [f"{m['src']}:{m['dest']}:ro" for m in recipe.get("mounts", [])]
     else:
