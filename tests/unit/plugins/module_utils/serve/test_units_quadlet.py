@@ -340,6 +340,8 @@ def test_every_jit_cache_is_on_the_cache_mount(mode, cache):
         assert "Environment=" + line.format(cache=cache) in lines
     if mode == "quadlet":
         assert "Volume=/var/cache/localinference/vllm:/var/cache/vllm" in lines
+        # torch's precompiled headers ignore TORCHINDUCTOR_CACHE_DIR (a fresh /tmp each start)
+        assert "Volume=/var/cache/localinference/vllm:/tmp/torchinductor_root" in lines
 
 
 def test_a_recipes_own_cache_directory_wins():
