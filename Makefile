@@ -25,7 +25,8 @@ help:
 	@echo "make lab-up     create the lab hosts only;  make lab-down  remove the lab"
 	@echo "make test-lab   the lab tests (tests/lab: state, then faults) against a lab made by 'make lab'"
 	@echo "make test-lab-extended  the long fault scenarios CI's hour leaves out, against 'make lab'"
-	@echo "make test-lab-clients   Claude Code, Codex and Qwen Code for real through their generated configs"
+	@echo "make test-lab-clients   Claude Code, Codex and Qwen Code for real through their generated configs;"
+	@echo "                         opencode and Claude Code finishing a turn across a wedge"
 	@echo "make tune       playbooks/tune.yml against 'make lab': the qualification's findings tried as recipe"
 	@echo "                changes through the upgrade path (writes .lab/tune/: tune.json, tuned-recipe.diff, trials.png)"
 	@echo "make test-lab-tune the tune's lab proof (tests/lab/tune) against 'make lab'"
@@ -173,7 +174,9 @@ test-lab-extended: bootstrap
 	$(LAB_PYTEST) -m extended tests/lab/faults
 
 # Claude Code, Codex and Qwen Code for real through their generated configs, on a
-# lab made by `make lab` (tests/lab/clients; about 1 min once installed). The
+# lab made by `make lab` (tests/lab/clients; about 8 min once installed), then
+# opencode (installed by `make lab`) and Claude Code across a wedge the watchdog
+# recovers (test_clients_across_wedge.py: one restart, about 3-4 min more). The
 # pinned clients (lab/agent-clients.txt) are installed first: about 900 MB from
 # npm and 3-4 min on a fresh machine, which is why CI does not run this.
 test-lab-clients: bootstrap
