@@ -213,11 +213,11 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._valida
     ValidationError,
     unit_name,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor_evidence import (
+from ansible_collections.localinference.vllm.plugins.module_utils.doctor._evidence import (
     PROPERTIES,
     parse_show,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.ingress._ingress import (
+from ansible_collections.localinference.vllm.plugins.module_utils.ingress._caddy import (
     key_from_env_file,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._state import (

@@ -138,7 +138,7 @@ options:
       - The memory guards of the serving units (F4, F13; C(docs/failure-catalog.md)), as the serve
         role passes them from its C(serve_*) variables; omitted, the units carry none.
       - The node's need is derived from the recipe, the weight files in C(node.weights_path) and
-        C(MemTotal) (C(plugins/module_utils/serve/_serve_memory.py)); it is returned as RV(memory) and
+        C(MemTotal) (C(plugins/module_utils/serve/_memory.py)); it is returned as RV(memory) and
         recorded in the state document.
       - Keys C(admission) (bool), C(reserve_gib), C(overhead_gib) (per engine worker),
         C(unified_memory) (bool), C(oom_score_adjust) (-999 to 1000),
@@ -431,6 +431,15 @@ from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe_l
     lint_parallel,
     model_geometry,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._memory import (
+    guards as memory_guards,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._memory import (
+    mem_total_bytes,
+    parse_policy,
+    utilization_problems,
+    weights_on_disk,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._ports import (
     foreign,
     listeners,
@@ -453,15 +462,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._reconci
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._restart import (
     stop_units,
     verify_node,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
-    guards as memory_guards,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
-    mem_total_bytes,
-    parse_policy,
-    utilization_problems,
-    weights_on_disk,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._stage_checks import (
     StageCheckError,

@@ -28,7 +28,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe i
     serve_argv,
     unknown_flags,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_expected import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._expected import (
     KNOWN,
     ExpectedError,
     parse,
@@ -278,7 +278,7 @@ def test_expected_figures_state_value_and_source(path):
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_expected_keys_are_the_gates_vocabulary(path):
-    """Every expected: key is one the qualification gate measures (_qualify_expected.VOCABULARY),
+    """Every expected: key is one the qualification gate measures (qualify._expected.VOCABULARY),
     in its unit, at a condition the recipe can serve; the required figures are all stated."""
     document = _load(path)
     recipe = document["vllm_recipe"]

@@ -25,7 +25,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe i
     canonical_json,
     recipe_hash,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._memory import (
     SLICE,
     Guards,
 )

@@ -12,7 +12,7 @@ rendered text is checked once more before it is returned (:func:`unit_problems`)
 every line must be one the template writes, so no value can smuggle in a
 section or a setting (``ExecStartPre=`` after a newline in a model name).
 
-The memory guards (``_serve_memory.Guards``, optional) add the admission check as
+The memory guards (``_memory.Guards``, optional) add the admission check as
 ``ExecStartPre=`` of the unit that starts first on the node for the engine (the server where
 there is one, else the Ray worker), the offload reclaim as ``ExecStartPre=``/``ExecStopPost=``
 of the unit whose processes hold the engine's workers (the Ray unit under Ray, else the
@@ -46,7 +46,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe i
     ray_argv,
     serve_argv,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._memory import (
     SLICE,
     Guards,
 )

@@ -22,7 +22,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe i
     normalise,
     recipe_hash,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.serve import _serve_memory as sm
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _memory as sm
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._units import (
     render_units,
     unit_problems,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils.fabric._fabric_single import (
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._single import (
     single_host,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
