@@ -27,7 +27,7 @@ def test_the_template_embeds_the_watchdog_and_what_it_imports() -> None:
     assert "'watchdog._program' | localinference.vllm.embedded_program(" in template
     sources = _embed.closure("watchdog._program")
     assert sources[-1] == "watchdog._program"
-    assert {"serve._restart", "serve._token_probe", "common._validate"} <= set(sources)
+    assert {"serve._restart", "engine._token_probe", "common._validate"} <= set(sources)
 
 
 def test_the_program_refuses_a_bad_node_command(tmp_path: Path) -> None:

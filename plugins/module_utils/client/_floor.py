@@ -33,7 +33,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._agents
     ClientConfigError,
     render,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._token_probe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._token_probe import (
     _connection,
 )
 

@@ -32,14 +32,14 @@ from ansible_collections.localinference.vllm.plugins.module_utils.engine._metric
     MetricsError,
     summarise,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._token_probe import (
+    first_token,
+    get,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.ingress._caddy import (
     key_from_env_file,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._restart import restart_plan
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._token_probe import (
-    first_token,
-    get,
-)
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog import (
     _hold as hold_file,
 )

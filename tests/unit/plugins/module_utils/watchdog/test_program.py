@@ -234,7 +234,7 @@ def test_token_probe_a_silent_stream_is_a_timeout_and_a_closed_port_a_refusal() 
     import socket
     import threading
 
-    from ansible_collections.localinference.vllm.plugins.module_utils.serve._token_probe import (
+    from ansible_collections.localinference.vllm.plugins.module_utils.engine._token_probe import (
         first_token,
     )
 

@@ -5,8 +5,8 @@
 A wedged engine accepts the request and never sends a byte; a socket timeout alone would
 reset on every keep-alive comment. The request runs in a daemon thread and the caller waits
 on a queue until its deadline, so nothing the server does can hold the caller longer.
-The watchdog program (no Ansible on the node) uses this file; the reading of the stream is
-``_ready.SseReader``, the same as ``serving_ready``'s.
+The watchdog program (no Ansible on the node) and the doctor use this file; the reading of the
+stream is ``_sse.SseReader``, the same as ``serving_ready``'s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._ready import (
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._sse import (
     SseError,
     SseReader,
 )
