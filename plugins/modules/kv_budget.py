@@ -326,6 +326,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._budget
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
+    check as check_recipe,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
+    unpinned_image,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
@@ -345,12 +351,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model
     concurrency_at,
     plan_kv,
     scheduled_tokens,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    check as check_recipe,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    unpinned_image,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe_lint import (
     MAX_BYTES,

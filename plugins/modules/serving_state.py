@@ -415,21 +415,23 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
     timeout_error,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
+    normalise,
+    problems,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._gid_start import (
     start_argv as gid_start_argv,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    make_node,
-    normalise,
-    parse_help_flags,
-    problems,
-    unknown_flags,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe_lint import (
     RecipeInputError,
     gpus_in_devices,
     lint_parallel,
     model_geometry,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._argv import (
+    make_node,
+    parse_help_flags,
+    unknown_flags,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._memory import (
     guards as memory_guards,

@@ -19,14 +19,10 @@ import yaml
 from ansible_collections.localinference.vllm.plugins.module_utils.common._build_recipe import (
     build as normalise_build,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    Node,
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     RecipeError,
     normalise,
-    parse_help_flags,
     problems,
-    serve_argv,
-    unknown_flags,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.qualify._expected import (
     KNOWN,
@@ -34,6 +30,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils.qualify._expec
     parse,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.serve import _derived_image
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._argv import (
+    Node,
+    parse_help_flags,
+    serve_argv,
+    unknown_flags,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._units import model_location
 from ansible_collections.localinference.vllm.plugins.modules import kv_budget
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module

@@ -31,6 +31,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._findin
     SEVERITIES,
     finding,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
+    problems as deployment_problems,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     StageResultError,
     inputs_hash,
@@ -39,9 +42,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.doctor._eviden
     NodeEvidence,
     check_node,
     clip,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    problems as deployment_problems,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe_lint import (
     lint_static,

@@ -7,7 +7,7 @@ Every unit carries the recipe hash three ways (a header comment, the
 label), so ``verify`` can prove that what runs is what the inventory asked for.
 Processes are always started by systemd, never by a backgrounded shell (F11).
 
-Inputs arrive validated (``_recipe.normalise``, ``_recipe.make_node``); the
+Inputs arrive validated (``common/_recipe.normalise``, ``_argv.make_node``); the
 rendered text is checked once more before it is returned (:func:`unit_problems`):
 every line must be one the template writes, so no value can smuggle in a
 section or a setting (``ExecStartPre=`` after a newline in a model name).
@@ -40,7 +40,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.fabric._gid_st
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._gid_start import (
     VARIABLE as GID_VARIABLE,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._argv import (
     Node,
     environment,
     ray_argv,

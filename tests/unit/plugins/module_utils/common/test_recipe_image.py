@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     RecipeError,
     ValidationError,
     check,
