@@ -3,7 +3,7 @@
 """The soak's client: the ingress reached exactly as an agent reaches it.
 
 TLS verified against the ingress's CA, the key as a bearer token, and the connection opened by
-the collection's own helper (``serve._token_probe._connection``, the one the watchdog, the
+the collection's own helper (``engine._token_probe._connection``, the one the watchdog, the
 doctor and ``agent_client_floor`` use), never a second http.client of the benchmarks' own.
 Every exchange runs in a daemon thread the caller waits on until its deadline, as the
 collection's probe does: nothing the server does holds the caller longer.
@@ -182,7 +182,7 @@ def bounded(work: Callable[[], Any], deadline: float) -> Any:
 
 def _read_stream(response: Any, started: float) -> dict[str, Any]:
     """The streamed chat completion: first-token time, content, tool calls, finish, usage."""
-    sse_token = module_utils("serve._ready").sse_token
+    sse_token = module_utils("engine._sse").sse_token
     ttft, content, calls, finish, usage = None, [], {}, None, None
     seen: list[str] = []  # the first lines, to say what came instead of a finish_reason
     while True:
@@ -228,7 +228,7 @@ def stream_chat(target: Target, body: dict[str, Any] | bytes, deadline: float) -
     ``TimeoutError`` past the deadline, :class:`Refused` on an HTTP status other than 200 and
     ``RuntimeError`` naming the error on any other failure (TLS, refused connection, a torn stream).
     """
-    connection = module_utils("serve._token_probe")._connection
+    connection = module_utils("engine._token_probe")._connection
     payload = body if isinstance(body, bytes) else json.dumps(body).encode("utf-8")
     started = time.monotonic()
 
@@ -255,7 +255,7 @@ def stream_chat(target: Target, body: dict[str, Any] | bytes, deadline: float) -
 
 def served_max_model_len(target: Target, deadline: float = 10) -> int | None:
     """``max_model_len`` of the first model ``GET /models`` lists, or None when none is told."""
-    connection = module_utils("serve._token_probe")._connection
+    connection = module_utils("engine._token_probe")._connection
 
     def fetch() -> int | None:
         conn, path = connection(f"{target.base}/models", deadline + 1.0, target.ca_file)
@@ -283,7 +283,7 @@ def first_answer(target: Target, within: float, deadline: float = 30, every: flo
     Returns ``{ttft_s, attempts, seconds}``; raises :class:`NeverAnswered` with the last error,
     at once on a client error a retry cannot mend (400, 401, 403, 404, ...).
     """
-    body = module_utils("serve._token_probe").chat_body(model, max_tokens=4)
+    body = module_utils("engine._token_probe").chat_body(model, max_tokens=4)
     started = time.monotonic()
     attempts, error = 0, "nothing asked"
     while True:

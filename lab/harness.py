@@ -571,7 +571,7 @@ def served_max_model_len(base: str | None = None, timeout: float = 10) -> int | 
 
 def _sse_token(line: str) -> dict[str, Any] | None:
     """The collection's own first-token rule (serving_ready uses it too)."""
-    return module_utils("serve._ready").sse_token(line)
+    return module_utils("engine._sse").sse_token(line)
 
 
 def first_token(

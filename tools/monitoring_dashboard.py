@@ -6,7 +6,7 @@
     .venv/bin/python tools/monitoring_dashboard.py --check  # exit 1 when it differs
 
 The panels and their PromQL are ``PANELS`` in
-``plugins/module_utils/monitoring/_monitoring_rules.py`` (beside the alerts); the JSON is
+``plugins/module_utils/monitoring/_rules.py`` (beside the alerts); the JSON is
 the filter ``localinference.vllm.monitoring_dashboard`` with the role's defaults,
 so the committed file is what a run of the role with ``monitoring_dashboard_file``
 writes when the thresholds are left alone. A unit test keeps the two equal.

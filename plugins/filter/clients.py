@@ -1,7 +1,7 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The agent_client role's other clients (Claude Code, Codex, Qwen Code, Crush); the rules live in
-module_utils/client/_clients.py.
+module_utils/client/_agents.py.
 
 - ``agent_clients_check``: ``agent_client_clients`` (known names, once each, opencode first) and
   ``agent_client_prompt_floors`` checked.
@@ -20,13 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils.client._client_check import (
-    config_paths,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.client._client_floor import (
-    PROGRAMS,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.client._clients import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._agents import (
     ENV_FILE,
     OPENCODE,
     ClientConfigError,
@@ -34,6 +28,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._client
     check_floors,
     env_text,
     render,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.client._check import (
+    config_paths,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.client._floor import (
+    PROGRAMS,
 )
 
 

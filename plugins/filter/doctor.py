@@ -1,8 +1,8 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The doctor's judge as filters; the judgement lives in ``module_utils/doctor/_doctor.py``.
+"""The doctor's judge as filters; the judgement lives in ``module_utils/doctor/_judge.py``.
 
-- ``doctor_findings``: the gathered evidence (see ``_doctor.judge``) judged:
+- ``doctor_findings``: the gathered evidence (see ``_judge.judge``) judged:
   ``{healthy, verdict, findings, checked}``; never raises on malformed evidence.
 - ``doctor_probe_urls``: the ingress health URLs the head's saved ingress result lists.
 - ``doctor_client_paths``: where the other clients' configs (Claude Code, Codex, Qwen Code, Crush) are
@@ -17,16 +17,16 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils.client._clients import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._agents import (
     ClientConfigError,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor import (
+from ansible_collections.localinference.vllm.plugins.module_utils.doctor._judge import (
     client_paths,
     judge,
     probe_ca,
     probe_urls,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor_serving import (
+from ansible_collections.localinference.vllm.plugins.module_utils.doctor._serving import (
     KEY_PATH,
     probe_targets,
 )

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters of the fabric stage; the judgement lives in module_utils/fabric/_fabric.py.
+"""Filters of the fabric stage; the judgement lives in module_utils/fabric/_judge.py.
 
 They run on the controller over facts already gathered: no extra round trip.
 
@@ -12,11 +12,11 @@ They run on the controller over facts already gathered: no extra round trip.
   ``result.pings``: what every (interface, peer) pair answered).
 - ``fabric_report``: every node's findings as one table (a list of lines).
 - ``fabric_busbw_command``: this node's argv of the collective bandwidth measurement (empty: none here;
-  ``module_utils/fabric/_fabric_busbw_run.py``).
+  ``module_utils/fabric/_busbw_run.py``).
 - ``fabric_busbw_judge``: rank 0's registered run -> ``{result, findings}`` of the gate
-  (``module_utils/fabric/_fabric_busbw.py``); ``result`` is saved as ``fabric.json``'s ``collective``.
+  (``module_utils/fabric/_busbw.py``); ``result`` is saved as ``fabric.json``'s ``collective``.
 - ``fabric_single_host``: ``{inputs, result, message}`` on the only node of the cluster
-  (nothing to link; ``module_utils/fabric/_fabric_single.py``).
+  (nothing to link; ``module_utils/fabric/_single.py``).
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric import (
-    _fabric,
-    _fabric_busbw,
-    _fabric_busbw_run,
-    _fabric_pairs,
-    _fabric_single,
-    _fabric_twins,
+    _busbw,
+    _busbw_run,
+    _judge,
+    _pairs,
+    _single,
+    _twins,
 )
 
 
@@ -43,7 +43,7 @@ def _judgement(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (_fabric.FabricInputError, _fabric_single.SingleHostInputError) as exc:
+        except (_judge.FabricInputError, _single.SingleHostInputError) as exc:
             raise AnsibleFilterError(f"{func.__name__}: {exc}") from None
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise AnsibleFilterError(
@@ -56,14 +56,14 @@ def _judgement(func: Callable[..., Any]) -> Callable[..., Any]:
 
 @_judgement
 def fabric_config(settings: dict[str, Any]) -> dict[str, Any]:
-    return _fabric.config(settings)
+    return _judge.config(settings)
 
 
 @_judgement
 def fabric_ping_targets(
     peers: dict[str, Any], host: str, settings: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    return _fabric.ping_targets(_fabric.config(settings), host, peers)
+    return _judge.ping_targets(_judge.config(settings), host, peers)
 
 
 @_judgement
@@ -73,19 +73,19 @@ def fabric_drift(
     settings: dict[str, Any],
     host: str,
 ) -> dict[str, Any]:
-    return _fabric.drift(_fabric.config(settings), host, running, profiles)
+    return _judge.drift(_judge.config(settings), host, running, profiles)
 
 
 @_judgement
 def fabric_jumbo_pings(
     peers: dict[str, Any], host: str, settings: dict[str, Any], timeout: int | float = 2
 ) -> list[list[str]]:
-    return _fabric.jumbo_pings(_fabric.config(settings), host, peers, timeout)
+    return _judge.jumbo_pings(_judge.config(settings), host, peers, timeout)
 
 
 @_judgement
 def fabric_watch_commands(settings: dict[str, Any]) -> list[list[str]]:
-    return _fabric.watch_commands(_fabric.config(settings))
+    return _judge.watch_commands(_judge.config(settings))
 
 
 @_judgement
@@ -97,7 +97,7 @@ def fabric_findings(
     pings: list[dict[str, Any]] | None = None,
     drift: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    return _fabric.findings(_fabric.config(settings), host, ethtool, rdma, pings or [], drift)
+    return _judge.findings(_judge.config(settings), host, ethtool, rdma, pings or [], drift)
 
 
 @_judgement
@@ -108,15 +108,15 @@ def fabric_publish(
     findings: list[dict[str, Any]] | None = None,
     pings: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    cfg = _fabric.config(settings)
-    published = _fabric.publish(cfg, ethtool, rdma, findings or [])
-    published["result"]["pings"] = _fabric_pairs.ping_outcomes(cfg, pings or [])
+    cfg = _judge.config(settings)
+    published = _judge.publish(cfg, ethtool, rdma, findings or [])
+    published["result"]["pings"] = _pairs.ping_outcomes(cfg, pings or [])
     return published
 
 
 @_judgement
 def fabric_report(findings: list[dict[str, Any]]) -> list[str]:
-    return _fabric.report(findings)
+    return _judge.report(findings)
 
 
 @_judgement
@@ -128,10 +128,10 @@ def fabric_busbw_command(
     ifname: str,
     env: dict[str, Any] | None = None,
 ) -> list[str]:
-    cfg = _fabric_busbw_run.busbw_config(busbw)
+    cfg = _busbw_run.busbw_config(busbw)
     if not cfg["enabled"] or host not in nodes or len(nodes) < 2:
         return []
-    return _fabric_busbw_run.command(cfg, host, nodes, addresses, ifname, env or {})
+    return _busbw_run.command(cfg, host, nodes, addresses, ifname, env or {})
 
 
 @_judgement
@@ -144,22 +144,22 @@ def fabric_busbw_judge(
     env: dict[str, Any] | None = None,
     why_not: str = "",
 ) -> dict[str, Any]:
-    bcfg = _fabric_busbw_run.busbw_config(busbw)
-    cfg = _fabric.config(settings)
-    ports = _fabric.rdma_ports(cfg, rdma)
+    bcfg = _busbw_run.busbw_config(busbw)
+    cfg = _judge.config(settings)
+    ports = _judge.rdma_ports(cfg, rdma)
     hca_list = str((env or {}).get("NCCL_IB_HCA") or "")
     context = {
         "host": host,
         "backend": "gloo (CPU stand-in)" if bcfg["backend"] == "gloo" else "nccl",
         "hcas": [h for h in hca_list.split(",") if h],
         "hcas_behind": list(dict.fromkeys(p["hca"] for p in ports if p["hca"])),
-        "twins": _fabric_twins.twin_pairs(rdma),
+        "twins": _twins.twin_pairs(rdma),
         "mtu": cfg["mtu"],
         "rdma_active_mtus": [p["port"].get("active_mtu") for p in ports if p["port"]],
         "ib_hcas_given": cfg["ib_hcas"],
     }
-    outcome = None if why_not else _fabric_busbw.run_outcome(run, bcfg["timeout"])
-    verdict = _fabric_busbw.judge(outcome, bcfg["min_gbps"], context)
+    outcome = None if why_not else _busbw.run_outcome(run, bcfg["timeout"])
+    verdict = _busbw.judge(outcome, bcfg["min_gbps"], context)
     if why_not or outcome is None:
         verdict["result"]["note"] = why_not or "the collective bandwidth was not measured"
     return verdict
@@ -167,7 +167,7 @@ def fabric_busbw_judge(
 
 @_judgement
 def fabric_single_host(host: str, nodes: list[str], interfaces: Any = None) -> dict[str, Any]:
-    return _fabric_single.single_host(host, nodes, interfaces)
+    return _single.single_host(host, nodes, interfaces)
 
 
 class FilterModule:

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Ingress filters; the rules live in module_utils/ingress/_ingress.py.
+"""Ingress filters; the rules live in module_utils/ingress/_caddy.py.
 
 - ``ingress_config``: validated routes, the saved result and the Caddyfile for an ingress spec.
 - ``ingress_models_from_state``: the served models and upstreams in the head's ``serving.json``.
@@ -20,12 +20,12 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.ingress import _ingress
+from ansible_collections.localinference.vllm.plugins.module_utils.ingress import _caddy
 
 
 def ingress_config(spec: dict[str, Any]) -> dict[str, Any]:
     try:
-        return _ingress.config(spec)
+        return _caddy.config(spec)
     except ValidationError as exc:
         raise AnsibleFilterError(str(exc)) from None
 
@@ -39,14 +39,14 @@ def ingress_models_from_state(text: Any, where: str = "serving.json") -> list[di
                 f"{where} is not JSON ({exc}): run the rollout again (--tags rollout) or set ingress_models"
             ) from None
     try:
-        return _ingress.models_from_state(text, where)
+        return _caddy.models_from_state(text, where)
     except ValidationError as exc:
         raise AnsibleFilterError(str(exc)) from None
 
 
 def ingress_key_env_file(key: Any, name: str = "ingress_api_key", next_key: Any = None) -> str:
     try:
-        return _ingress.env_file(name, key, next_key)
+        return _caddy.env_file(name, key, next_key)
     except ValidationError as exc:
         raise AnsibleFilterError(str(exc)) from None
 
@@ -54,7 +54,7 @@ def ingress_key_env_file(key: Any, name: str = "ingress_api_key", next_key: Any 
 def ingress_key_valid(key: Any) -> bool:
     """Whether ``key`` is a key the ingress takes (site.yml's "nothing to do?" must not fail on one)."""
     try:
-        _ingress.api_key("ingress_api_key", key)
+        _caddy.api_key("ingress_api_key", key)
     except ValidationError:
         return False
     return True
@@ -64,7 +64,7 @@ def ingress_tls_errors(checks: dict[str, Any]) -> list[str]:
     """``checks``: ``{cert, key, cert_pubkey, key_pubkey, checkend_rc, enddate}``."""
     if not isinstance(checks, dict):
         raise AnsibleFilterError("ingress_tls_errors expects a mapping")
-    return _ingress.tls_pair_errors(
+    return _caddy.tls_pair_errors(
         str(checks.get("cert")), str(checks.get("key")), cert_pubkey=checks.get("cert_pubkey"),
         key_pubkey=checks.get("key_pubkey"), checkend_rc=checks.get("checkend_rc"),
         enddate=checks.get("enddate"),
@@ -72,7 +72,7 @@ def ingress_tls_errors(checks: dict[str, Any]) -> list[str]:
 
 
 def ingress_listening(text: Any) -> list[dict[str, Any]]:
-    return _ingress.parse_listening(text)
+    return _caddy.parse_listening(text)
 
 
 def ingress_exposure(
@@ -98,7 +98,7 @@ def ingress_exposure(
         raise AnsibleFilterError(
             f"confined_ports must be port numbers (firewall_confined), got {confined_ports!r}"
         ) from None
-    return _ingress.exposure(
+    return _caddy.exposure(
         sockets,
         host=host,
         upstream_ports=ports,

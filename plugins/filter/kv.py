@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils.client._client_budget import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._budget import (
     ClientInputError,
     plan_client,
     working_budget,

@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Preflight's judgements, run on the controller; the logic lives in module_utils/preflight/_preflight.py.
+"""Preflight's judgements, run on the controller; the logic lives in module_utils/preflight/_judge.py.
 
 - ``preflight_rank``: ``ansible_facts.memory | preflight_rank(ansible_facts.gpu, thresholds, host)``
   -> this node's summary with its findings (F4, F13, F5); given ``ansible_facts.host_stack`` and
@@ -22,7 +22,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.preflight._hos
     HostStackInputError,
     judge_node,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.preflight._preflight import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._judge import (
     PreflightInputError,
     judge_cluster,
     rank_summary,

@@ -3,7 +3,7 @@
 """Filters of the qualification.
 
 - ``qualify_check_params``: the per-check parameters that measure a recipe's ``expected:``
-  figures at their conditions (``_qualify_expected.check_params``).
+  figures at their conditions (``_expected.check_params``).
 - ``qualify_other_hold``: whether the watchdog's hold file (a ``slurp`` result) holds another
   holder's hold that has not run out at ``now`` (``watchdog/_hold``): the qualification then
   neither writes its own nor releases it.
@@ -16,7 +16,7 @@ import binascii
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_expected import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._expected import (
     ExpectedError,
     check_params,
 )

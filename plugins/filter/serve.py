@@ -18,7 +18,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common import 
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._memory import (
     start_refusals as _start_refusals,
 )
 

@@ -17,10 +17,10 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import check
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import check
 
 NOTHING_CHANGED = "Nothing was changed."
 

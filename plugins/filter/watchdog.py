@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters of the watchdog role (plugins/module_utils/watchdog/_watchdog_config.py).
+"""Filters of the watchdog role (plugins/module_utils/watchdog/_config.py).
 
 - ``watchdog_options``: the role's options alone, checked before anything is read from a node.
 - ``watchdog_config``: the head's ``watchdog.json`` from the role's options, every node's saved
@@ -19,7 +19,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog_config import (
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._config import (
     ConfigError,
     build,
     check_options,

@@ -127,7 +127,7 @@ import shutil
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils.client._client_floor import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._floor import (
     PROGRAMS,
     FloorError,
     measure,

@@ -147,6 +147,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _recipe
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
@@ -158,7 +159,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.plan import _recipe
 from ansible_collections.localinference.vllm.plugins.module_utils.serve import _image
 
 
@@ -181,7 +181,7 @@ def _must(runner: Runner, argv: list[str], what: str) -> None:
 
 
 def _checked(p: dict) -> tuple[str, str, bool]:
-    """The reference's name and digest (the plan's rule, ``_recipe.image``); an archive checked first.
+    """The reference's name and digest (the plan's rule, ``common/_recipe.image``); an archive checked first.
 
     A tag alone (``allow_unpinned``, the third value) has no digest, or with an archive the archive's.
     """

@@ -213,20 +213,20 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._valida
     ValidationError,
     unit_name,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor_evidence import (
+from ansible_collections.localinference.vllm.plugins.module_utils.doctor._evidence import (
     PROPERTIES,
     parse_show,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.ingress._ingress import (
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._token_probe import (
+    first_token,
+    get,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.ingress._caddy import (
     key_from_env_file,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._state import (
     StateFileError,
     read_text,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._token_probe import (
-    first_token,
-    get,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._incidents import (
     read_recent,

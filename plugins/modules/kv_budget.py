@@ -162,7 +162,7 @@ options:
         observation of it yet) every recipe is planned on its own and the worst plan wins.
     type: str
 notes:
-  - The arithmetic lives in C(module_utils/plan/_kv_model.py), C(_client_budget.py) and
+  - The arithmetic lives in C(module_utils/plan/_kv_model.py), C(module_utils/client/_budget.py) and
     C(_recipe_lint.py); the C(localinference.vllm.kv_*) filters call the same code.
 """
 
@@ -316,7 +316,7 @@ worst_boot_bound:
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils.client._client_budget import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._budget import (
     MIN_OUTPUT,
     ClientInputError,
     check_client_limits,
@@ -325,6 +325,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._client
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
+    check as check_recipe,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
+    unpinned_image,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
@@ -345,12 +351,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model
     concurrency_at,
     plan_kv,
     scheduled_tokens,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    check as check_recipe,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    unpinned_image,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe_lint import (
     MAX_BYTES,

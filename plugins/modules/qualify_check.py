@@ -9,7 +9,7 @@ short_description: Run one qualification check against a served model and judge 
 version_added: 0.2.0
 description:
   - Sends real requests to an OpenAI-compatible vLLM endpoint (normally the ingress route an agent
-    uses), measures them and judges the answers in pure Python (C(module_utils/qualify/_qualify*.py)).
+    uses), measures them and judges the answers in pure Python (C(module_utils/qualify/*.py)).
     One check per call; C(playbooks/qualify.yml) runs them all and writes the report.
   - The status is C(pass), C(fail) or C(not_meaningful). A check fails when the serving stack
     breaks its contract (an HTTP error, reasoning or tool-call markup in C(content),
@@ -153,20 +153,20 @@ runs:
 import urllib.parse
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._checks import (
     CHECKS,
     QualifyInputError,
     Target,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_http import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._http import (
     Client,
     HttpError,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_judge import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._judge import (
     FAIL,
     PASS,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_run import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._run import (
     run_check,
 )
 

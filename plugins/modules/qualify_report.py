@@ -49,7 +49,7 @@ options:
     type: str
   expected:
     description:
-      - The recipe's C(expected) block in the one vocabulary of C(plugins/module_utils/qualify/_qualify_expected.py)
+      - The recipe's C(expected) block in the one vocabulary of C(plugins/module_utils/qualify/_expected.py)
         (C(decode_tps_single_stream), C(decode_tps_at_<N>_streams), C(ttft_s_at_<N>_tokens),
         C(prefill_tps_at_<N>_tokens), C(max_context), C(concurrent_requests)); each entry a number, a
         C([low, high]) range or the recipe's mapping (C(value), C(unit), C(at), C(source), C(quote)).
@@ -131,11 +131,11 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_plots import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._plots import (
     PlotError,
     draw,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_report import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._report import (
     ReportInputError,
     build,
     markdown,

@@ -109,9 +109,11 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._valida
     ValidationError,
     unit_name,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._ready import (
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._sse import (
     SseError,
     SseReader,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._ready import (
     parse_show,
     unit_failed,
 )

@@ -138,7 +138,7 @@ options:
       - The memory guards of the serving units (F4, F13; C(docs/failure-catalog.md)), as the serve
         role passes them from its C(serve_*) variables; omitted, the units carry none.
       - The node's need is derived from the recipe, the weight files in C(node.weights_path) and
-        C(MemTotal) (C(plugins/module_utils/serve/_serve_memory.py)); it is returned as RV(memory) and
+        C(MemTotal) (C(plugins/module_utils/serve/_memory.py)); it is returned as RV(memory) and
         recorded in the state document.
       - Keys C(admission) (bool), C(reserve_gib), C(overhead_gib) (per engine worker),
         C(unified_memory) (bool), C(oom_score_adjust) (-999 to 1000),
@@ -415,21 +415,32 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
     timeout_error,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
+    normalise,
+    problems,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._gid_start import (
     start_argv as gid_start_argv,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    make_node,
-    normalise,
-    parse_help_flags,
-    problems,
-    unknown_flags,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe_lint import (
     RecipeInputError,
     gpus_in_devices,
     lint_parallel,
     model_geometry,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._argv import (
+    make_node,
+    parse_help_flags,
+    unknown_flags,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._memory import (
+    guards as memory_guards,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._memory import (
+    mem_total_bytes,
+    parse_policy,
+    utilization_problems,
+    weights_on_disk,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._ports import (
     foreign,
@@ -453,15 +464,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._reconci
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._restart import (
     stop_units,
     verify_node,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
-    guards as memory_guards,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
-    mem_total_bytes,
-    parse_policy,
-    utilization_problems,
-    weights_on_disk,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._stage_checks import (
     StageCheckError,

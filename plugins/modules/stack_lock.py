@@ -214,13 +214,13 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
     timeout_error,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import recipe_hash
 from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_log import parse_log
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._ethtool_facts import (
     EthtoolParseError,
     parse_driver,
     sysfs_text,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import recipe_hash
 from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_facts import (
     NvidiaSmiParseError,
     parse_table,

@@ -106,7 +106,7 @@ plot:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils.tune import _trials, _tune_files
+from ansible_collections.localinference.vllm.plugins.module_utils.tune import _review_files, _trials
 
 ARGUMENT_SPEC = {
     "dest": {"type": "path", "required": True},
@@ -137,7 +137,7 @@ def main() -> None:
     if module.check_mode:
         module.exit_json(changed=False, tune_json=None, diff=diff, plot=None, figures=figures)
     try:
-        paths = _tune_files.write(p["dest"], document, diff)
+        paths = _review_files.write(p["dest"], document, diff)
     except OSError as exc:
         module.fail_json(msg=f"tune_record: cannot write the tune's record into {p['dest']}: {exc}")
     module.exit_json(changed=False, diff=diff, figures=figures, **{k: v for k, v in paths.items() if k != "diff"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ansible_collections.localinference.vllm.plugins.module_utils.client._clients import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._agents import (
     CLIENTS,
     PACKAGES,
 )

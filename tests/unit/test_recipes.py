@@ -19,21 +19,23 @@ import yaml
 from ansible_collections.localinference.vllm.plugins.module_utils.common._build_recipe import (
     build as normalise_build,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    Node,
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     RecipeError,
     normalise,
-    parse_help_flags,
     problems,
-    serve_argv,
-    unknown_flags,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_expected import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._expected import (
     KNOWN,
     ExpectedError,
     parse,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.serve import _derived_image
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._argv import (
+    Node,
+    parse_help_flags,
+    serve_argv,
+    unknown_flags,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._units import model_location
 from ansible_collections.localinference.vllm.plugins.modules import kv_budget
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
@@ -278,7 +280,7 @@ def test_expected_figures_state_value_and_source(path):
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_expected_keys_are_the_gates_vocabulary(path):
-    """Every expected: key is one the qualification gate measures (_qualify_expected.VOCABULARY),
+    """Every expected: key is one the qualification gate measures (qualify._expected.VOCABULARY),
     in its unit, at a condition the recipe can serve; the required figures are all stated."""
     document = _load(path)
     recipe = document["vllm_recipe"]

@@ -18,16 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 def render(tmp_path: Path) -> Path:
     """The program as the template renders it (common/_embed.py, without Ansible)."""
     program = tmp_path / "watchdog"
-    program.write_text(_embed.program("watchdog._watchdog", []))
+    program.write_text(_embed.program("watchdog._program", []))
     return program
 
 
 def test_the_template_embeds_the_watchdog_and_what_it_imports() -> None:
     template = (ROOT / "roles/watchdog/templates/watchdog.j2").read_text()
-    assert "'watchdog._watchdog' | localinference.vllm.embedded_program(" in template
-    sources = _embed.closure("watchdog._watchdog")
-    assert sources[-1] == "watchdog._watchdog"
-    assert {"serve._restart", "serve._token_probe", "common._validate"} <= set(sources)
+    assert "'watchdog._program' | localinference.vllm.embedded_program(" in template
+    sources = _embed.closure("watchdog._program")
+    assert sources[-1] == "watchdog._program"
+    assert {"serve._restart", "engine._token_probe", "common._validate"} <= set(sources)
 
 
 def test_the_program_refuses_a_bad_node_command(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 """One validator per kind of value that reaches a unit file, a command line or a path.
 
 Validate at the boundary, once: the recipe (``_recipe.normalise``) and the node
-description (``_recipe.make_node``) pass every string through one of these
+description (``serve/_argv.make_node``) pass every string through one of these
 functions before anything is rendered.  Each returns the value in its canonical
 form or raises :class:`ValidationError`, whose message names the variable, the
 offending character (``'\\n' at position 17``) or value, and the fix.

@@ -4,8 +4,8 @@
 
 Each finding is ``{id, severity, message}`` with the catalog id (F1, F2, F3,
 F6, F8, F9, F12, F14, F15, F16, F17, F27); the message names the recipe key and
-the fix. The recipe uses vLLM's option names with underscores (the serve
-engineer's ``_recipe.py`` owns the schema; this file only reads it).
+the fix. The recipe uses vLLM's option names with underscores (``common/_recipe.py``
+owns the schema; this file only reads it).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common import 
     _validate as validate,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     DEPLOY_DEFAULTS,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.preflight._nccl_probe import (

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common._files import read_bytes
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    Node,
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     canonical_json,
     recipe_hash,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._argv import Node
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._memory import (
     SLICE,
     Guards,
 )

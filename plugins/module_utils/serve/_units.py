@@ -7,12 +7,12 @@ Every unit carries the recipe hash three ways (a header comment, the
 label), so ``verify`` can prove that what runs is what the inventory asked for.
 Processes are always started by systemd, never by a backgrounded shell (F11).
 
-Inputs arrive validated (``_recipe.normalise``, ``_recipe.make_node``); the
+Inputs arrive validated (``common/_recipe.normalise``, ``_argv.make_node``); the
 rendered text is checked once more before it is returned (:func:`unit_problems`):
 every line must be one the template writes, so no value can smuggle in a
 section or a setting (``ExecStartPre=`` after a newline in a model name).
 
-The memory guards (``_serve_memory.Guards``, optional) add the admission check as
+The memory guards (``_memory.Guards``, optional) add the admission check as
 ``ExecStartPre=`` of the unit that starts first on the node for the engine (the server where
 there is one, else the Ray worker), the offload reclaim as ``ExecStartPre=``/``ExecStopPost=``
 of the unit whose processes hold the engine's workers (the Ray unit under Ray, else the
@@ -40,13 +40,13 @@ from ansible_collections.localinference.vllm.plugins.module_utils.fabric._gid_st
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._gid_start import (
     VARIABLE as GID_VARIABLE,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._argv import (
     Node,
     environment,
     ray_argv,
     serve_argv,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._memory import (
     SLICE,
     Guards,
 )

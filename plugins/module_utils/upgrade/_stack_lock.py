@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import recipe_hash
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import recipe_hash
 
 SCHEMA = 1
 KIND = "localinference.vllm/stack-lock"

@@ -15,7 +15,7 @@ report; the lines and their sources are ``tests/unit/fixtures/watchdog/kernel-li
   the GB10 (DGX Spark) freezes; a burst of them is one event.
 
 An event with ``page`` set is one that a restart of the engine cannot fix: the watchdog pages
-and does not restart (``_watchdog_judge``).
+and does not restart (``_judge``).
 """
 
 from __future__ import annotations

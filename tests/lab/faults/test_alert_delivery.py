@@ -19,7 +19,7 @@ The steps, each undone in a ``finally``:
    stopped and its files removed.
 
 Timing, from the lab's inventory (``inventories/lab/group_vars/all.yml``) and the rendered
-``alertmanager.yml`` (``plugins/module_utils/monitoring/_monitoring_config.py``): the watchdog
+``alertmanager.yml`` (``plugins/module_utils/monitoring/_config.py``): the watchdog
 looks every 10 s and calls a wedge on the second bad look; Prometheus scrapes and evaluates
 every 5 s and the alert must hold 10 s (``monitoring_alert_for.engine_wedged``); the
 watchdog publishes ``wedged`` before it restarts and keeps it while the restart runs (about

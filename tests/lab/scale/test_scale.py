@@ -46,7 +46,7 @@ def test_the_endpoint_streams_a_token_through_the_ingress(scale_hosts):
 
 
 def test_every_pair_of_hosts_passed_the_jumbo_ping(scale_hosts):
-    pairs = harness.module_utils("fabric._fabric_pairs")
+    pairs = harness.module_utils("fabric._pairs")
     saved = {host: _result(host, "fabric") for host in HOSTS}
     assert pairs.missing_pairs(saved, {host: [CLUSTER_IF] for host in HOSTS}) == []
     for host in HOSTS:

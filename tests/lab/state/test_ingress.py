@@ -187,7 +187,7 @@ def classify(host: str, sock: dict[str, Any]) -> str | None:
 
 
 def test_every_listening_socket_is_intended():
-    parse = module_utils("ingress._ingress").parse_listening
+    parse = module_utils("ingress._caddy").parse_listening
     unexpected = []
     for host in HOSTS:
         for sock in parse(exec_on(host, "ss", "-Hltnp").stdout):
@@ -197,7 +197,7 @@ def test_every_listening_socket_is_intended():
 
 
 def test_vllm_api_answers_only_on_loopback():
-    sockets = module_utils("ingress._ingress").parse_listening(exec_on(HEAD, "ss", "-Hltnp").stdout)
+    sockets = module_utils("ingress._caddy").parse_listening(exec_on(HEAD, "ss", "-Hltnp").stdout)
     api = [s["address"] for s in sockets if s["port"] == VLLM_PORT]
     assert api and set(api) <= {"127.0.0.1", "::1"}, api
     # And from the management network it does not answer at all.
@@ -272,5 +272,5 @@ def test_plain_http_beyond_loopback_is_refused_and_never_reaches_a_route():
     assert response.status == 400, (response.status, body[:200])
     assert '"data"' not in body and MODEL not in body
     # Nor does Caddy run a redirect server on port 80 (auto_https disable_redirects).
-    listening = module_utils("ingress._ingress").parse_listening(exec_on(HEAD, "ss", "-Hltnp").stdout)
+    listening = module_utils("ingress._caddy").parse_listening(exec_on(HEAD, "ss", "-Hltnp").stdout)
     assert not [s for s in listening if s["port"] == 80], listening

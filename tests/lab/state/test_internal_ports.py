@@ -44,7 +44,7 @@ def connect_from(host: str, address: str, port: int) -> str:
 
 def test_the_store_still_binds_every_address_of_the_head():
     """The reason for the table: the listener itself cannot be narrowed."""
-    sockets = module_utils("ingress._ingress").parse_listening(exec_on(HEAD, "ss", "-Hltnp").stdout)
+    sockets = module_utils("ingress._caddy").parse_listening(exec_on(HEAD, "ss", "-Hltnp").stdout)
     store = {s["address"] for s in sockets if s["port"] == STORE_PORT}
     assert store & {"*", "0.0.0.0", "::"}, store
 

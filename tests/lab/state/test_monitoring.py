@@ -76,7 +76,7 @@ def test_vllm_is_scraped_at_its_own_api_never_through_the_ingress():
 
 
 def test_the_alert_rules_are_loaded():
-    rules = module_utils("monitoring._monitoring_rules")
+    rules = module_utils("monitoring._rules")
     groups = api(f"{PROMETHEUS}/api/v1/rules?type=alert")["data"]["groups"]
     loaded = [rule["name"] for group in groups for rule in group["rules"]]
     assert loaded == rules.alert_names({"watchdog": True})

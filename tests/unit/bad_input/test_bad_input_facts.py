@@ -28,7 +28,7 @@ from unittest import mock
 
 import pytest
 from ansible.module_utils import basic
-from ansible_collections.localinference.vllm.plugins.module_utils.client._client_budget import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._budget import (
     ClientInputError,
     check_client_limits,
     plan_client,

@@ -8,7 +8,7 @@ check written ``value > limit`` lets it through in silence; an infinity turns in
 ``OverflowError`` at the first ``int()``. One row per entry point that reads a number from an
 option, a role variable or a node's file: each value must end in a refusal that names the
 variable (or the file), never in a traceback or a pass. The qualify gate's ``expected``
-figures are rows of ``test_qualify_expected.yaml``.
+figures are rows of ``qualify/test_expected.yaml``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.localinference.vllm.plugins.filter.kv import FilterModule as KvFilters
-from ansible_collections.localinference.vllm.plugins.module_utils.fabric._fabric_busbw import (
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._busbw import (
     BusbwParseError,
     parse_all_reduce,
 )
@@ -34,18 +34,18 @@ from ansible_collections.localinference.vllm.plugins.module_utils.preflight._hos
     HostStackInputError,
     judge_node,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.preflight._preflight import (
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._judge import (
     PreflightInputError,
     check_thresholds,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.qualify import (
-    _qualify_load,
+    _load,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._checks import (
     QualifyInputError,
     Target,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_http import (
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._http import (
     Client,
     HttpError,
 )
@@ -142,7 +142,7 @@ CASES: list[tuple[str, Callable[[Any, Any], Any], type[BaseException], str]] = [
      lambda v, t: judge_node({}, {}, HOST_STACK_OPTIONS | {"preflight_weights_reserve_gib": v}),
      HostStackInputError, r"^preflight_weights_reserve_gib: .*not a finite number"),
     ("qualify_check params (load checks)",
-     lambda v, t: _qualify_load._number(Target(None, "m", params={"max_stall_s": v}), "max_stall_s", 2.0),
+     lambda v, t: _load._number(Target(None, "m", params={"max_stall_s": v}), "max_stall_s", 2.0),
      QualifyInputError, r"^params\.max_stall_s: .*(not a finite number|is below 0)"),
     ("qualify_check params (Target.param)",
      lambda v, t: Target(None, "m", params={"x": v}).param("x", 1.0),
@@ -201,7 +201,7 @@ def test_finite_values_still_pass():
     """The same entry points take an ordinary number."""
     assert check_thresholds(THRESHOLDS)["preflight_max_load_per_cpu"] == 4.0
     assert judge_load("0.5 0.1 0.1 1/2 3\n", 2, 4.0, "n")["load1"] == 0.5
-    assert _qualify_load._number(Target(None, "m", params={"max_stall_s": 1}), "max_stall_s", 2.0) == 1.0
+    assert _load._number(Target(None, "m", params={"max_stall_s": 1}), "max_stall_s", 2.0) == 1.0
     assert recipe_max_model_len({"max_model_len": 4096.0}) == 4096
     assert [f["id"] for f in lint_offload({"kv_offloading_size": 1}, None)] == ["F16"]
     assert parse_all_reduce(_busbw("20.13"))["busbw_gbps"] == 20.13

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     RecipeError,
     normalise,
 )

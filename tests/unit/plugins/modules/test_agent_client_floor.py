@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from ansible_collections.localinference.vllm.plugins.module_utils.client import (
-    _client_floor as floor,
+    _floor as floor,
 )
 from ansible_collections.localinference.vllm.plugins.modules import agent_client_floor
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module

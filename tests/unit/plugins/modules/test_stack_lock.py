@@ -18,7 +18,7 @@ from unittest import mock
 
 import pytest
 from ansible.module_utils import basic
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     normalise,
     recipe_hash,
 )

@@ -1,7 +1,7 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Crush cannot be installed offline (its npm postinstall downloads the binary), so the
-crush.json we render (module_utils/client/_clients.py) is checked against Crush's own
+crush.json we render (module_utils/client/_agents.py) is checked against Crush's own
 schema.json and against a chat-completions request Crush's test suite recorded from a
 live OpenAI-compatible server (tests/unit/fixtures/crush/, sources in its README.md).
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.client import _clients as c
+from ansible_collections.localinference.vllm.plugins.module_utils.client import _agents as c
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "crush"
 SCHEMA = json.loads((FIXTURES / "schema.json").read_text(encoding="utf-8"))
@@ -30,7 +30,7 @@ URL = "https://127.0.0.1:18080/localinference/tiny-deepseek/v1"
 KEY_ENV = "LOCALINFERENCE_API_KEY"
 KEY = "sk-lab-0123456789abcdef"
 DIR = "/home/op/.config/localinference/clients"
-# opencode's budget for a 65,536-token server with output 8,192 (as in test_clients.py).
+# opencode's budget for a 65,536-token server with output 8,192 (as in test_agents.py).
 PLAN = {"context": 65536, "input": 57344, "output": 8192, "reserved": 8192}
 
 

@@ -1,9 +1,9 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The doctor judges Claude Code's, Codex's, Qwen Code's and Crush's configs like opencode's
-(module_utils/client/_client_check.py through _doctor_context.py).
+(module_utils/client/_check.py through doctor/_context.py).
 
-Every config is rendered by the collection's own renderer (``_clients.render``) from the budget of
+Every config is rendered by the collection's own renderer (``_agents.render``) from the budget of
 the recorded lab (65,536 served tokens, opencode's measured floor 11,123, reasoning streamed in
 ``delta.reasoning``), the client stage's saved result gets the summary the role saves
 (``agent_clients_summary``), and the doctor reads the files as ``doctor_facts`` records. Then one
@@ -27,19 +27,19 @@ from ansible_collections.localinference.vllm.plugins.filter.doctor import (
     doctor_findings,
 )
 from ansible_collections.localinference.vllm.plugins.filter.stage import findings_table
-from ansible_collections.localinference.vllm.plugins.module_utils.client import _clients as c
-from ansible_collections.localinference.vllm.plugins.module_utils.client._client_budget import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client import _agents as c
+from ansible_collections.localinference.vllm.plugins.module_utils.client._budget import (
     plan_client,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.client._client_check import (
+from ansible_collections.localinference.vllm.plugins.module_utils.client._check import (
     config_paths,
     judge_clients,
     read_limits,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.client._toml_write import dumps
-from ansible_collections.localinference.vllm.plugins.module_utils.doctor._doctor import COLUMNS
+from ansible_collections.localinference.vllm.plugins.module_utils.doctor._judge import COLUMNS
 
-from tests.unit.plugins.module_utils.doctor.test_doctor import build
+from tests.unit.plugins.module_utils.doctor.test_judge import build
 
 SERVED = 65536
 FLOOR = 11123  # opencode's measured floor in the recorded lab's client.json

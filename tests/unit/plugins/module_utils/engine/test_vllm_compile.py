@@ -22,7 +22,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_c
     compile_state,
     execute_model_budget,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._watchdog_node import (
+from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._node import (
     engine_log,
 )
 

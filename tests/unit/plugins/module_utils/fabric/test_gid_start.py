@@ -26,7 +26,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.fabric._rdma_f
     parse_ibv_devinfo,
     parse_show_gids,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._memory import (
     start_refusals,
 )
 

@@ -15,19 +15,19 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    Node,
-    normalise,
-    parse_help_flags,
-    ray_argv,
-    serve_argv,
-    unknown_flags,
-)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import normalise
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe_lint import (
     RecipeInputError,
     gpus_in_devices,
     lint_parallel,
     model_geometry,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._argv import (
+    Node,
+    parse_help_flags,
+    ray_argv,
+    serve_argv,
+    unknown_flags,
 )
 from ansible_collections.localinference.vllm.plugins.modules import kv_budget, serving_state
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module

@@ -37,7 +37,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.preflight._ncc
     nccl_summary,
 )
 
-from .test_preflight import THRESHOLDS, node_facts
+from .test_judge import THRESHOLDS, node_facts
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE.parents[2] / "fixtures"

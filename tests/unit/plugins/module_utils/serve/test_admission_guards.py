@@ -13,7 +13,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._admissi
     drop_caches,
     main,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._serve_memory import (
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._memory import (
     start_refusals,
 )
 

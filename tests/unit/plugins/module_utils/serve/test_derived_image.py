@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.common import _build_recipe
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _build_recipe,
+    _recipe,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.plan import _recipe
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _argv
 from ansible_collections.localinference.vllm.plugins.module_utils.serve import _derived_image as d
 
 SHA = "a" * 64
@@ -183,7 +186,7 @@ def test_mounts_become_read_only_volumes_of_the_container_unit():
         },
         4096,
     )
-    node = _recipe.Node(host="h0", rank=0, nnodes=1, head_address="127.0.0.1", weights_path="/srv/models/m")
+    node = _argv.Node(host="h0", rank=0, nnodes=1, head_address="127.0.0.1", weights_path="/srv/models/m")
     units = _units.render_units(recipe, node, "")["units"]
     container = next(u["content"] for u in units if u["name"].endswith(".container"))
     assert "Volume=/opt/sparkring/nccl/libnccl.so.2:/opt/sparkring/nccl/libnccl.so.2:ro" in container.splitlines()

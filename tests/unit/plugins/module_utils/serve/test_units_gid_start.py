@@ -16,13 +16,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.fabric import _gid_start as gs
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    Node,
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     normalise,
     recipe_hash,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.serve import _serve_memory as sm
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric import _gid_start as gs
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _memory as sm
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._argv import Node
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._units import (
     render_units,
     unit_problems,

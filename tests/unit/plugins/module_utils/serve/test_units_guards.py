@@ -1,6 +1,6 @@
 # Copyright (c) localinference.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The memory guards in the rendered units (_units.render_units with _serve_memory.Guards).
+"""The memory guards in the rendered units (_units.render_units with _memory.Guards).
 
 Every rendered form: Quadlet and systemd, mp and Ray, head and worker, with and without native
 KV offload, unified memory or not. The topology table says which unit starts the engine on a
@@ -17,12 +17,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    Node,
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     normalise,
     recipe_hash,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.serve import _serve_memory as sm
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _memory as sm
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._argv import Node
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._units import (
     HASH_MARKER,
     MANAGED_COMMENT,

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils.fabric._fabric_single import (
-    single_host,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    make_node,
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     normalise,
     recipe_hash,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric._single import (
+    single_host,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._argv import make_node
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._quadlet import (
     exec_start,
     run_time_conflicts,

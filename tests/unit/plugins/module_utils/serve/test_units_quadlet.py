@@ -14,11 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import (
-    Node,
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     normalise,
     recipe_hash,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._argv import Node
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._quadlet import (
     exec_start,
     podman_options,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.tune import _trials, _tune_files
+from ansible_collections.localinference.vllm.plugins.module_utils.tune import _review_files, _trials
 
 HOL = {"checks": {"head_of_line": "fail"}, "figures": {"head_of_line_stall_s": 3.6}}
 FIXED = {"checks": {"head_of_line": "pass"}, "figures": {"head_of_line_stall_s": 0.1}}
@@ -52,7 +52,7 @@ def test_the_record_files(tmp_path) -> None:
     trial = {"trial": 1, "candidate": CAP, "outcome": "promoted", "score": 1.2, "figures": FIXED["figures"]}
     document = _trials.document(status="done", findings_found=[], candidates=[CAP], dropped=[], skipped=[],
                                 trials=[trial], before=HOL, after=FIXED, weights={}, stopped="nothing to gain")
-    paths = _tune_files.write(str(tmp_path / "tune"), document, "diff\n")
+    paths = _review_files.write(str(tmp_path / "tune"), document, "diff\n")
     saved = json.loads((tmp_path / "tune" / "tune.json").read_text())
     assert saved["serving_trial"] == 1 and saved["status"] == "done"
     assert (tmp_path / "tune" / "tuned-recipe.diff").read_text() == "diff\n"

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import recipe_hash
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import recipe_hash
 from ansible_collections.localinference.vllm.plugins.module_utils.upgrade import (
     _stack_facts as facts,
 )

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.localinference.vllm.plugins.module_utils.plan._recipe import recipe_hash
+from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import recipe_hash
 from ansible_collections.localinference.vllm.plugins.module_utils.upgrade import _stack_lock as lock
 
 HERE = Path(__file__).resolve().parent
