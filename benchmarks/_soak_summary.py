@@ -7,8 +7,9 @@ to wait, not lost) or ``failed``. Availability is answered / (answered + failed)
 never a number, when no request was answered or failed: a soak that measured nothing has no
 availability. A fault's window runs from its injection to the later of its end as the soak's
 own schedule knows it (``window_end``: the link up, the watchdog's recovery) and the clients'
-recovery (the first answered request begun after the fault ended); availability outside fault
-windows is the steady state the floor is about.
+recovery (the first answered request begun after the fault ended), and holds the requests
+still in flight when it was caused; availability outside fault windows is the steady state the
+floor is about.
 
 A fault's outage is the time its clients went unanswered: each spell from a request not
 answered (failed or deferred; from the injection when nothing was answered since) to the start
@@ -122,7 +123,13 @@ def fault_window(fault: dict[str, Any], recovered: float | None) -> tuple[float,
 
 
 def in_a_window(request: Request, windows: Sequence[tuple[float, float | None]]) -> bool:
-    return any(request.started >= start and (end is None or request.started < end) for start, end in windows)
+    """Begun in a window, or still in flight when its fault was caused: a stream the fault cut
+    is the fault's, not the steady state's (the hour's 3 failures "outside" were such streams)."""
+    return any(
+        (request.started >= start or request.started + request.seconds > start)
+        and (end is None or request.started < end)
+        for start, end in windows
+    )
 
 
 def outside(requests: Sequence[Request], windows: Sequence[tuple[float, float | None]]) -> list[Request]:

@@ -16,6 +16,7 @@ from benchmarks._soak_summary import (
     Request,
     goal_lines,
     goals,
+    in_a_window,
     incident_counts,
     percentile,
     summarise,
@@ -375,3 +376,18 @@ def test_the_report_shows_each_fault_the_phases_the_incidents_and_the_goals():
     assert "before the first fault: 20 requests, 0 failed, 0 deferred, availability 100.00%" in text
     assert "  incident 12:00:01: wedged (restart, recovered): no token" in text
     assert "GOAL wedge outage <= 85 s" in text
+
+
+@pytest.mark.parametrize(
+    ("started", "seconds", "inside"),
+    [
+        (618.6, 5.1, True),   # begun 4 s before the kill, cut by it (the hour's three "outside" failures)
+        (615.0, 2.0, False),  # done before the fault: the steady state
+        (622.5, 1.0, True),   # begun at the cause
+        (758.7, 1.0, False),  # begun when the window closed
+    ],
+)
+def test_a_stream_in_flight_when_its_fault_was_caused_is_the_faults(started, seconds, inside):
+    request = Request(session=1, conversation=1, turn=1, started=started, seconds=seconds, ok=False,
+                      error="the stream ended without a finish_reason")
+    assert in_a_window(request, [(622.5, 758.7)]) is inside
