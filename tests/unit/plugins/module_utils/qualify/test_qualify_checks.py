@@ -11,15 +11,15 @@ import time
 
 import pytest
 from ansible_collections.localinference.vllm.plugins.module_utils.qualify import _qualify as Q
+from ansible_collections.localinference.vllm.plugins.module_utils.qualify._check_target import (
+    default_metrics_url,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_http import (
     Client,
     HttpError,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.qualify._qualify_run import (
     run_check,
-)
-from ansible_collections.localinference.vllm.plugins.modules.qualify_check import (
-    default_metrics_url,
 )
 
 from .qualify_fake import FakeServer, Reply, as_json, recorded, sse
