@@ -237,8 +237,8 @@ def run(module: Any) -> dict[str, Any]:
     """The whole of ``serving_state`` on this node, in the order of this file's docstring."""
     params = module.params
     state, checks = params["state"], params["checks"]
-    inputs_ = inputs(module)
-    recipe, node, unit_dir = inputs_["recipe"], inputs_["node"], inputs_["unit_dir"]
+    given = inputs(module)
+    recipe, node, unit_dir = given["recipe"], given["node"], given["unit_dir"]
     runner = Runner(checks["timeout"] if checks is not None else params["stop_timeout"])
     checked = {}
     if checks is not None and state == "staged":
@@ -251,18 +251,18 @@ def run(module: Any) -> dict[str, Any]:
     # Unit records in a node's document are trusted only inside these directories.
     unit_dirs = sorted({unit_dir, slice_dir, *UNIT_DIRS.values()})
     try:
-        wanted = desired(recipe, node, unit_dir, inputs_["venv_dir"], guards, slice_dir)
+        wanted = desired(recipe, node, unit_dir, given["venv_dir"], guards, slice_dir)
     except validate.ValidationError as exc:
         module.fail_json(msg=str(exc))
     document = wanted["document"]
-    live_text, live_doc, trusted, live_diff, findings = live(inputs_["state_path"], unit_dirs, document)
+    live_text, live_doc, trusted, live_diff, findings = live(given["state_path"], unit_dirs, document)
     problems = recipe_problems(recipe) + layout + capped
     result = _result(recipe, wanted, trusted, live_diff, findings, problems, need, checked)
     files = Files(module, result)
-    observed = observe(state, wanted["units"], trusted, inputs_["state_path"], inputs_["staging_dir"])
+    observed = observe(state, wanted["units"], trusted, given["state_path"], given["staging_dir"])
     options = {
-        "path": inputs_["state_path"],
-        "staging_dir": inputs_["staging_dir"],
+        "path": given["state_path"],
+        "staging_dir": given["staging_dir"],
         "problems": result["problems"],
         "stop_live": params["stop_live"],
         "daemon_reload": params["daemon_reload"],
@@ -272,8 +272,8 @@ def run(module: Any) -> dict[str, Any]:
     plan = decide(state, wanted, live_doc, trusted, live_diff, observed, options)
     if plan.refusal:  # before the image is asked for its flags or anything is written
         module.fail_json(msg=plan.refusal, **result)
-    check_help(module, files, result, inputs_, checks)
+    check_help(module, files, result, given, checks)
     context = {"recipe": recipe, "node": node, "result": result, "unit_dir": unit_dir,
-               "unit_root": staged_unit_root(inputs_["staging_dir"]), "units": wanted["units"]}
+               "unit_root": staged_unit_root(given["staging_dir"]), "units": wanted["units"]}
     refused = _apply(module, plan, files, runner, result, context)
     return _finish(module, result, findings, refused, unit_dirs, live_text, live_doc)
