@@ -162,7 +162,7 @@ options:
         observation of it yet) every recipe is planned on its own and the worst plan wins.
     type: str
 notes:
-  - The arithmetic lives in C(module_utils/plan/_kv_model.py), C(module_utils/client/_budget.py) and
+  - The arithmetic lives in C(module_utils/plan/_kv_model.py), C(_client_budget.py) and
     C(_recipe_lint.py); the C(localinference.vllm.kv_*) filters call the same code.
 """
 
@@ -316,11 +316,11 @@ worst_boot_bound:
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils.client._budget import (
-    ClientInputError,
-)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._client_budget import (
+    ClientInputError,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_budget import compute
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model import KvInputError

@@ -134,7 +134,7 @@ limits:
   returned: always
   type: dict
 budget:
-  description: The client budget the collection chose (O(state=present)), as C(_budget.plan_client) returns it.
+  description: The client budget the collection chose (O(state=present)), as C(plan/_client_budget.plan_client) returns it.
   returned: when state is present
   type: dict
 warnings_list:

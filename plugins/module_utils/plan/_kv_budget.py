@@ -4,7 +4,7 @@
 the client budget and every lint, in one call (:func:`compute`).
 
 The arithmetic is ``_kv_model``'s, the verdicts ``_kv_judge``'s and ``_recipe_lint``'s, the
-client budget ``client._budget``'s; here they are put together in the module's order.
+client budget ``_client_budget``'s; here they are put together in the module's order.
 Pure but for one read: ``observations_path`` (``_kv_input.read_observations_file``). With no
 boot observed and no memory given, the recipe is only linted (:func:`_lint_only`).
 """
@@ -13,12 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible_collections.localinference.vllm.plugins.module_utils.client._budget import (
-    MIN_OUTPUT,
-    check_client_limits,
-    needed_context,
-    plan_client,
-)
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
@@ -30,6 +24,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._client_budget import (
+    MIN_OUTPUT,
+    check_client_limits,
+    needed_context,
+    plan_client,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_input import (
     read_observations_file,
