@@ -24,12 +24,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
     CommandError,
     Runner,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.preflight._nccl_probe import PROBE
-from ansible_collections.localinference.vllm.plugins.module_utils.weights._manifest import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._manifest_file import (
     ManifestError,
     default_manifest_path,
     load_manifest,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._nccl_probe import PROBE
 
 MAX_READ = 1024 * 1024
 

@@ -21,6 +21,11 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
     CommandError,
     Runner,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._manifest_file import (
+    ManifestError,
+    default_manifest_path,
+    validate_manifest,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import recipe_hash
 from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_log import parse_log
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._ethtool_facts import (
@@ -41,11 +46,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.upgrade import
     _stack_facts as facts,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.upgrade import _stack_lock as lock
-from ansible_collections.localinference.vllm.plugins.module_utils.weights._manifest import (
-    ManifestError,
-    default_manifest_path,
-    validate_manifest,
-)
 
 SERVER_UNIT = "localinference-vllm.service"
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024

@@ -18,21 +18,23 @@ import os
 import time
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common._manifest_file import (
+    ManifestError,
+    default_manifest_path,
+    load_manifest,
+    validate_manifest,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     MAX_PATH,
     ValidationError,
     text,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.weights._manifest import (
-    ManifestError,
     create,
-    default_manifest_path,
     disk_free_bytes,
-    load_manifest,
     manifest_document,
     restore_mtimes,
     summary_lines,
-    validate_manifest,
     verify,
     write_manifest,
 )
