@@ -15,13 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.localinference.vllm.plugins.module_utils.client._budget import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._client_budget import (
     ClientInputError,
     plan_client,
     working_budget,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.common import (
-    _validate as validate,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model import (
     KvInputError,

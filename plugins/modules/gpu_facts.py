@@ -118,41 +118,13 @@ ansible_facts:
               unified_memory: true
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
-    Runner,
-)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._facts_module import (
-    Absent,
-    WhenAbsent,
     run_facts,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_facts import (
-    QUERY_FIELDS,
-    NvidiaSmiParseError,
-    build_facts,
-    merge_table,
-    parse_query_csv,
-    parse_table,
-    parse_xml,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
-    ProcParseError,
-    parse_meminfo,
-)
-
-HINT = (
-    "the GPU driver may be wedged (look for Xid errors in 'dmesg' and run nvidia-smi by hand);"
-    " the node is sick, not unreachable (F5). Raise timeout only if nvidia-smi is merely slow"
-)
-
-
-WHEN_ABSENT = WhenAbsent(
-    name="gpu_facts",
-    fix="Install the NVIDIA driver or set required=false.",
-    facts=lambda why: build_facts([], None, None, None) | {"absent_reason": why},
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_gather import (
+    WHEN_ABSENT,
+    facts,
 )
 
 
@@ -167,58 +139,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    run_facts(module, "gpu", lambda runner: _facts(module, runner), absent=WHEN_ABSENT)
-
-
-def _facts(module: AnsibleModule, runner: Runner) -> dict:
-    binary = module.params["nvidia_smi"]
-    path = (
-        (binary if os.access(binary, os.X_OK) else None)
-        if "/" in binary
-        else module.get_bin_path(binary)
-    )
-    if not path:
-        raise Absent(f"{binary} not found in PATH")
-
-    rc, table_out, err = runner.run([path], HINT)
-    if rc != 0:
-        raise Absent(f"'{binary}' failed with rc={rc}: {(err or table_out).strip()[:500]}")
-    try:
-        table = parse_table(table_out)
-        if module.params["source"] == "xml":
-            rc, out, err = runner.run([path, "-q", "-x"], HINT)
-            if rc != 0:
-                module.fail_json(msg=f"'{binary} -q -x' failed with rc={rc}: {err.strip()[:500]}")
-            parsed = parse_xml(out)
-            gpus = merge_table(parsed["gpus"], table)
-            driver = parsed["driver_version"] or table["driver_version"]
-            cuda = parsed["cuda_version"] or table["cuda_version"]
-        else:
-            query = ["--query-gpu=" + ",".join(QUERY_FIELDS), "--format=csv"]
-            rc, out, err = runner.run([path, *query], HINT)
-            if rc != 0:
-                module.fail_json(
-                    msg=f"'{binary} {' '.join(query)}' failed with rc={rc}: {err.strip()[:500]}"
-                )
-            gpus = merge_table(parse_query_csv(out), table)
-            driver = table["driver_version"]
-            cuda = table["cuda_version"]
-    except NvidiaSmiParseError as exc:
-        module.fail_json(msg=f"Could not parse the output of {binary} (nvidia_smi): {exc}")
-
-    if not gpus:
-        raise Absent("nvidia-smi reports no GPU")
-
-    meminfo = None
-    if any(gpu["memory_total_mib"] is None for gpu in gpus):
-        try:
-            with open(module.params["meminfo_path"], encoding="ascii", errors="replace") as handle:
-                meminfo = parse_meminfo(handle.read(1024 * 1024))
-        except (OSError, ProcParseError) as exc:
-            module.fail_json(
-                msg=f"GPU reports no memory (unified memory) and {module.params['meminfo_path']} is unreadable: {exc}"
-            )
-    return build_facts(gpus, driver, cuda, meminfo)
+    run_facts(module, "gpu", lambda runner: facts(module, runner), absent=WHEN_ABSENT)
 
 
 if __name__ == "__main__":

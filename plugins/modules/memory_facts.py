@@ -130,91 +130,13 @@ ansible_facts:
             top_processes: [{pid: 4242, user: alice, uid: 1001, name: opencode, cmdline: opencode, rss_bytes: 943718400}]
 """
 
-import os
-import pwd
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils.common import (
-    _validate as validate,
-)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._facts_module import (
     run_facts,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
-    ProcParseError,
-    memory_summary,
-    other_users_processes,
-    parse_cgroup_limit,
-    parse_cgroup_usage,
-    parse_loadavg,
-    parse_meminfo,
-    parse_memlock,
-    parse_psi,
-    parse_status,
-    shm_summary,
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_gather import (
+    facts,
 )
-
-# /proc and cgroup files are a few KiB; a larger one is not what it claims to be.
-MAX_READ = 1024 * 1024
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read(MAX_READ)
-    except (OSError, ValueError):
-        return None
-
-
-def _cgroup(sys_root: str) -> tuple[int | None, int | None]:
-    """Limit and usage (minus reclaimable inactive file cache) of this cgroup."""
-    base = os.path.join(sys_root, "fs", "cgroup")
-    layouts = (
-        ("memory.max", "memory.current", "memory.stat", "inactive_file"),
-        (
-            os.path.join("memory", "memory.limit_in_bytes"),
-            os.path.join("memory", "memory.usage_in_bytes"),
-            os.path.join("memory", "memory.stat"),
-            "total_inactive_file",
-        ),
-    )
-    for limit_file, usage_file, stat_file, inactive_key in layouts:
-        limit_text = _read(os.path.join(base, limit_file))
-        usage_text = _read(os.path.join(base, usage_file))
-        if limit_text is not None and usage_text is not None:
-            stat_text = _read(os.path.join(base, stat_file))
-            return (
-                parse_cgroup_limit(limit_text),
-                parse_cgroup_usage(usage_text, stat_text, inactive_key),
-            )
-    return None, None
-
-
-def _processes(proc_root: str) -> list[dict]:
-    users: dict[int, str] = {}
-    found = []
-    for entry in os.listdir(proc_root):
-        if not (entry.isascii() and entry.isdigit()):
-            continue
-        status_path = os.path.join(proc_root, entry, "status")
-        status_text = _read(status_path)
-        if status_text is None:
-            continue  # the process exited while we looked
-        try:
-            status = parse_status(status_text)
-        except ProcParseError as exc:
-            raise ProcParseError(f"{status_path}: {exc}") from None
-        uid = status["uid"]
-        if uid not in users:
-            try:
-                users[uid] = pwd.getpwuid(uid).pw_name
-            except (KeyError, OverflowError, ValueError):
-                users[uid] = str(uid)
-        cmdline = (
-            (_read(os.path.join(proc_root, entry, "cmdline")) or "").replace("\x00", " ").strip()
-        )
-        found.append(status | {"pid": int(entry), "user": users[uid], "cmdline": cmdline[:200]})
-    return found
 
 
 def main() -> None:
@@ -229,69 +151,7 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    run_facts(module, "memory", lambda _runner: _facts(module), timeouts=())
-
-
-def _facts(module: AnsibleModule) -> dict:
-    try:
-        for option in ("proc_root", "sys_root"):  # absent: reported below as unreadable
-            validate.existing_directory(option, module.params[option], must_exist=False)
-        validate.existing_directory("shm_path", module.params["shm_path"])
-    except validate.ValidationError as exc:
-        module.fail_json(msg=str(exc))
-    proc_root = module.params["proc_root"]
-    for option in ("min_uid", "top_processes"):
-        if module.params[option] < 0:
-            module.fail_json(msg=f"{option} must be 0 or more, got {module.params[option]}")
-    meminfo_text = _read(os.path.join(proc_root, "meminfo"))
-    if meminfo_text is None:
-        module.fail_json(
-            msg=f"Cannot read {proc_root}/meminfo: is proc_root={proc_root} a procfs mount?"
-        )
-    where = os.path.join(proc_root, "meminfo")
-    try:
-        meminfo = parse_meminfo(meminfo_text)
-        where = os.path.join(module.params["sys_root"], "fs", "cgroup")
-        limit, usage = _cgroup(module.params["sys_root"])
-        facts = memory_summary(meminfo, limit, usage)
-        where = os.path.join(proc_root, "pressure", "memory")
-        psi_text = _read(where)
-        facts["psi"] = parse_psi(psi_text) if psi_text else None
-        where = os.path.join(proc_root, "loadavg")
-        facts["loadavg"] = parse_loadavg(_read(where) or "")
-        where = os.path.join(proc_root, "self", "limits")
-        facts["memlock"] = parse_memlock(_read(where) or "")
-    except ProcParseError as exc:
-        module.fail_json(
-            msg=f"Unexpected content in {where}: {exc}; is proc_root={proc_root} (sys_root="
-            f"{module.params['sys_root']}) a real procfs (sysfs) mount?"
-        )
-
-    try:
-        stat = os.statvfs(module.params["shm_path"])
-        facts["shm"] = shm_summary(
-            module.params["shm_path"], stat.f_frsize, stat.f_blocks, stat.f_bavail
-        )
-    except OSError as exc:
-        module.fail_json(msg=f"Cannot measure shm_path={module.params['shm_path']}: {exc}")
-    facts["cpu_count"] = os.cpu_count() or 1
-
-    own_uids = {os.getuid()}
-    for name in module.params["own_users"]:
-        try:
-            own_uids.add(pwd.getpwnam(name).pw_uid)
-        except KeyError:
-            module.warn(f"own_users: no such user {name!r} on this host; ignored")
-    try:
-        processes = _processes(proc_root)
-    except ProcParseError as exc:
-        module.fail_json(
-            msg=f"Unexpected content in {exc}; is proc_root={proc_root} a real procfs mount?"
-        )
-    facts["other_users"] = other_users_processes(
-        processes, own_uids, module.params["min_uid"], module.params["top_processes"]
-    )
-    return facts
+    run_facts(module, "memory", lambda _runner: facts(module), timeouts=())
 
 
 if __name__ == "__main__":

@@ -64,11 +64,7 @@ foreign:
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._ports import (
-    foreign,
-    listeners,
-    refusal,
-)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._ports import run
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "ports": {"type": "list", "elements": "int", "required": True},
@@ -79,23 +75,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    ports = module.params["ports"]
-    bad = [p for p in ports if not 0 < p < 65536]
-    if bad:
-        module.fail_json(msg=f"ports: {bad} are not TCP ports (1-65535)")
-    try:
-        found = listeners(ports)
-    except OSError as exc:
-        module.fail_json(msg=f"cannot read the node's listening sockets from /proc: {exc}")
-    strangers = foreign(found, module.params["units"])
-    result = {
-        "changed": False,
-        "listeners": [item.as_dict() for item in found],
-        "foreign": [item.as_dict() for item in strangers],
-    }
-    if strangers and module.params["fail_on_foreign"]:
-        module.fail_json(msg=refusal(strangers), **result)
-    module.exit_json(**result)
+    module.exit_json(**run(module))
 
 
 if __name__ == "__main__":

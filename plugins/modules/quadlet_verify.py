@@ -67,13 +67,7 @@ stderr:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
-    timeout_error,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._quadlet import (
-    QuadletCheckError,
-    check_units,
-)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._quadlet import run
 
 
 def main():
@@ -86,21 +80,7 @@ def main():
         },
         supports_check_mode=True,
     )
-    problem = timeout_error(module.params["timeout"])
-    if problem:
-        module.fail_json(msg=problem, findings=[], stderr="")
-    try:
-        result = check_units(
-            module.params["unit_dir"],
-            module.params["quadlet"],
-            module.params["allow_privileged"],
-            module.params["timeout"],
-        )
-    except QuadletCheckError as exc:
-        module.fail_json(msg=str(exc), **exc.extra)
-    for finding in result["findings"]:
-        module.warn(f"{finding['service']}: {finding['id']}: {finding['message']}")
-    module.exit_json(changed=False, **result)
+    module.exit_json(**run(module))
 
 
 if __name__ == "__main__":

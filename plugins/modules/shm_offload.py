@@ -167,20 +167,15 @@ sources:
   sample: {proc: /proc, processes: 212, podman: /usr/bin/podman, running_containers: 1}
 """
 
-import os
-import shutil
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import Runner
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._shm_offload import (
-    CATALOG,
     ShmOffloadError,
-    check_directory,
-    check_pattern,
-    owner_uid,
-    reclaim,
-    survey,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._shm_reclaim import (
+    Refused,
+    module_result,
 )
 
 ARGUMENT_SPEC: dict[str, Any] = {
@@ -196,118 +191,11 @@ ARGUMENT_SPEC: dict[str, Any] = {
 }
 
 
-def _bounded(name: str, value: float, low: float, high: float) -> float:
-    if not low <= value <= high:  # also refuses NaN
-        raise ShmOffloadError(f"{name}: {value!r} is outside {low:g} to {high:g} seconds")
-    return value
-
-
-def _podman(value: str | None) -> str | None:
-    if value is None:
-        return shutil.which("podman")
-    found = shutil.which(value) if "/" not in value else value
-    if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
-        raise ShmOffloadError(
-            f"podman: {value!r} is not an executable; give the Podman binary or leave the option out"
-        )
-    return found
-
-
-def run(module: AnsibleModule) -> dict[str, Any]:
-    params = module.params
-    reclaiming = params["state"] == "reclaimed"
-    if reclaiming and not params["confirm"]:
-        raise ShmOffloadError(
-            "state=reclaimed deletes files: set confirm: true to proceed (state=status only reports)"
-        )
-    directory = check_directory("directory", params["directory"])
-    proc_root = check_directory("proc_root", params["proc_root"])
-    pattern = check_pattern(params["pattern"])
-    uid = owner_uid(params["owner"])
-    settle = _bounded("settle", params["settle"], 0, 60)
-    timeout = _bounded("timeout", params["timeout"], 1, 600)
-    podman = _podman(params["podman"])
-    verdict = survey(
-        directory,
-        pattern,
-        uid,
-        params["owner"],
-        proc_root=proc_root,
-        settle=settle,
-        timeout=timeout,
-        podman=podman,
-        runner=Runner(timeout=timeout) if podman else None,
-    )
-    proven = verdict.proven
-    orphans = verdict.orphans if proven else []
-    out: dict[str, Any] = {
-        "changed": False,
-        "proven": proven,
-        "live": verdict.live,
-        "orphans": [e.public() for e in orphans],
-        "unproven": [] if proven else [e.public() for e in verdict.orphans],
-        "skipped": verdict.skipped,
-        "reclaimed": [],
-        "bytes_freed": 0,
-        "refusals": verdict.refusals,
-        "containers": verdict.containers,
-        "sources": {
-            "proc": proc_root,
-            "processes": verdict.processes,
-            "podman": podman or "not installed (container check skipped)",
-            "running_containers": verdict.running_containers,
-        },
-    }
-    if not reclaiming:
-        return out
-    if not proven:
-        raise _Refused(
-            f"nothing reclaimed in {directory}: cannot prove the offload files unused ("
-            + "; ".join(verdict.refusals)
-            + f"); see {CATALOG}",
-            out,
-        )
-    before = sorted(e.path for e in verdict.orphans)
-    if module.check_mode:
-        done = orphans
-    else:
-        done, problems, notes = reclaim(directory, orphans)
-        for note in notes:
-            module.warn(note)
-        if problems:
-            out.update(_reclaimed(done))
-            raise _Refused("; ".join(problems), out)
-    out.update(_reclaimed(done))
-    if module._diff:
-        gone = {e.path for e in done}
-        out["diff"] = {
-            "before": "\n".join(before) + ("\n" if before else ""),
-            "after": "".join(f"{p}\n" for p in before if p not in gone),
-            "before_header": f"{directory}/{pattern}",
-            "after_header": f"{directory}/{pattern}",
-        }
-    return out
-
-
-def _reclaimed(done: list[Any]) -> dict[str, Any]:
-    return {
-        "changed": bool(done),
-        "reclaimed": [e.public() for e in done],
-        "bytes_freed": sum(e.allocated for e in done),
-    }
-
-
-class _Refused(Exception):
-    def __init__(self, message: str, result: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.result = result
-
-
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
-        result = run(module)
-    except _Refused as exc:
+        result = module_result(module.params, module.check_mode, module._diff, module.warn)
+    except Refused as exc:
         module.fail_json(msg=str(exc), **exc.result)
     except ShmOffloadError as exc:
         module.fail_json(msg=str(exc))

@@ -106,7 +106,7 @@ plot:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.localinference.vllm.plugins.module_utils.tune import _review_files, _trials
+from ansible_collections.localinference.vllm.plugins.module_utils.tune._review_files import record
 
 ARGUMENT_SPEC = {
     "dest": {"type": "path", "required": True},
@@ -126,21 +126,7 @@ ARGUMENT_SPEC = {
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    p = module.params
-    diff = _trials.recipe_diff(p["inventory_recipe"], p["after"].get("recipe") or p["inventory_recipe"])
-    document = _trials.document(
-        status=p["status"], findings_found=p["findings"], candidates=p["candidates"], dropped=p["dropped"],
-        skipped=p["skipped"], trials=p["trials"], before=p["before"], after=p["after"],
-        weights=p["weights"], stopped=p["stopped"],
-    )
-    figures = _trials.before_after(p["before"], p["after"])
-    if module.check_mode:
-        module.exit_json(changed=False, tune_json=None, diff=diff, plot=None, figures=figures)
-    try:
-        paths = _review_files.write(p["dest"], document, diff)
-    except OSError as exc:
-        module.fail_json(msg=f"tune_record: cannot write the tune's record into {p['dest']}: {exc}")
-    module.exit_json(changed=False, diff=diff, figures=figures, **{k: v for k, v in paths.items() if k != "diff"})
+    module.exit_json(**record(module))
 
 
 if __name__ == "__main__":

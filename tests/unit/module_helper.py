@@ -1,9 +1,10 @@
-"""Run a module's main() in-process and capture its exit_json/fail_json."""
+"""Run a module's main() in-process and capture its exit_json/fail_json; a stand-in AnsibleModule for module_utils."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 from typing import Any
 from unittest import mock
 
@@ -52,3 +53,44 @@ def run_module(module, args: dict[str, Any], check_mode: bool = False) -> Module
         with pytest.raises(ModuleExit) as caught:
             module.main()
     return caught.value
+
+
+class FakeModule:
+    """The part of AnsibleModule that module_utils uses, to test them without Ansible.
+
+    ``fail_json`` and ``exit_json`` raise :class:`ModuleExit` as :func:`run_module` does;
+    ``warn`` keeps the warnings; ``atomic_move`` renames; ``get_bin_path`` answers from
+    ``bins`` (a name not there is not installed).
+    """
+
+    def __init__(
+        self,
+        params: dict[str, Any],
+        check_mode: bool = False,
+        diff: bool = False,
+        bins: dict[str, str] | None = None,
+    ) -> None:
+        self.params = params
+        self.check_mode = check_mode
+        self._diff = diff
+        self.bins = bins or {}
+        self.warnings: list[str] = []
+        self.no_log_values: set[str] = set()
+
+    def warn(self, warning: str) -> None:
+        self.warnings.append(warning)
+
+    def fail_json(self, msg: str, **kwargs: Any) -> None:
+        raise ModuleExit({**kwargs, "msg": msg, "failed": True}, failed=True)
+
+    def exit_json(self, **kwargs: Any) -> None:
+        raise ModuleExit(kwargs, failed=False)
+
+    def atomic_move(self, src: str, dest: str) -> None:
+        os.replace(src, dest)
+
+    def get_bin_path(self, name: str, required: bool = False, **_: Any) -> str | None:
+        found = self.bins.get(name)
+        if found is None and required:
+            self.fail_json(msg=f"Failed to find required executable {name}")
+        return found

@@ -3,7 +3,7 @@
 """Every coding agent from one measured budget: Claude Code, Codex, Qwen Code and Crush beside opencode.
 
 opencode's config is written by ``opencode_config`` from the client budget of
-:mod:`_budget` (context ``L``, input ``I = L - O``, output ``O``,
+:mod:`plan._client_budget` (context ``L``, input ``I = L - O``, output ``O``,
 reserved ``R``). The other clients get the same numbers, each through its own
 rules: where its compaction trigger sits, how much output it asks for, what it
 reads to learn the context. A client whose own arithmetic cannot fit the
@@ -23,13 +23,13 @@ import re
 import tomllib
 from typing import Any
 
-from ansible_collections.localinference.vllm.plugins.module_utils.client._budget import (
-    MIN_OUTPUT,
-    WORK_ROOM,
-)
 from ansible_collections.localinference.vllm.plugins.module_utils.client._toml_write import (
     TomlWriteError,
     dumps,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._client_budget import (
+    MIN_OUTPUT,
+    WORK_ROOM,
 )
 
 OPENCODE = "opencode"

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """opencode's config file: merge the collection's provider into it, and judge it.
 
-The client budget arithmetic is :mod:`_budget` (opencode 1.18.33's
+The client budget arithmetic is :mod:`plan._client_budget` (opencode 1.18.33's
 rules); this file only reads and writes opencode's JSON and turns a config plus
 what the server measured (its context, the prompt floor, the reasoning field it
 streams) into findings of the failure catalog:
@@ -25,14 +25,14 @@ import json
 import re
 from typing import Any
 
-from ansible_collections.localinference.vllm.plugins.module_utils.client._budget import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._client_budget import (
     WORK_ROOM,
     ClientInputError,
     check_client_limits,
     plan_client,
     working_budget,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
 
 PROVIDER_NPM = "@ai-sdk/openai-compatible"
 SCHEMA_URL = "https://opencode.ai/config.json"
@@ -189,7 +189,7 @@ def check_inputs(
 def budget(
     max_model_len: int, prompt_floor: int, output: int | None = None, reserved: int | None = None
 ) -> dict[str, Any]:
-    """The client budget of :mod:`_budget` for this server context."""
+    """The client budget of :mod:`plan._client_budget` for this server context."""
     try:
         return plan_client(max_model_len, prompt_floor, output, reserved)
     except ClientInputError as exc:

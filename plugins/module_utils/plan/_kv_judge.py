@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The plan's own judgements of a KV plan: F4, F8, F9 and F12 as violations.
 
-``kv_budget`` sizes the KV cache (``_kv_model``) and the client budget (``client._budget``);
+``kv_budget`` sizes the KV cache (``_kv_model``) and the client budget (``_client_budget``);
 this file says what is wrong with the result: a pinned KV size the weakest rank cannot hold
 (F4), a client budget whose full requests overflow the context (F8) or that has no sound
 budget at all (F9), and a plan with no boot to size from or no room for one request (F12).

@@ -15,6 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common._files import read_bytes
 
@@ -152,3 +153,27 @@ def refusal(strangers: list[Listener]) -> str:
         " was changed. Stop that process (or move it to another port), or set another port in"
         " vllm_recipe, and run the rollout again."
     )
+
+
+def run(module: Any) -> dict[str, Any]:
+    """The ``port_listeners`` module: the listeners on ``ports``; a foreign one fails it (``fail_on_foreign``).
+
+    ``module`` is the caller's AnsibleModule (``params``, ``fail_json``).
+    """
+    ports = module.params["ports"]
+    bad = [p for p in ports if not 0 < p < 65536]
+    if bad:
+        module.fail_json(msg=f"ports: {bad} are not TCP ports (1-65535)")
+    try:
+        found = listeners(ports)
+    except OSError as exc:
+        module.fail_json(msg=f"cannot read the node's listening sockets from /proc: {exc}")
+    strangers = foreign(found, module.params["units"])
+    result = {
+        "changed": False,
+        "listeners": [item.as_dict() for item in found],
+        "foreign": [item.as_dict() for item in strangers],
+    }
+    if strangers and module.params["fail_on_foreign"]:
+        module.fail_json(msg=refusal(strangers), **result)
+    return result

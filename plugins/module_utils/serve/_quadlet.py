@@ -14,11 +14,13 @@ import os
 import re
 import shlex
 import stat
+from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     CommandTimeout,
     Runner,
+    timeout_error,
 )
 
 _SECTION = re.compile(r"^---(?P<name>[^\n]+?)---$", re.MULTILINE)
@@ -249,3 +251,25 @@ def check_units(
             stderr=err,
         )
     return {"services": services, "findings": findings, "stderr": err}
+
+
+def run(module: Any) -> dict[str, Any]:
+    """The ``quadlet_verify`` module: the node's generator on ``unit_dir``, findings that do not block warned.
+
+    ``module`` is the caller's AnsibleModule (``params``, ``warn``, ``fail_json``).
+    """
+    problem = timeout_error(module.params["timeout"])
+    if problem:
+        module.fail_json(msg=problem, findings=[], stderr="")
+    try:
+        result = check_units(
+            module.params["unit_dir"],
+            module.params["quadlet"],
+            module.params["allow_privileged"],
+            module.params["timeout"],
+        )
+    except QuadletCheckError as exc:
+        module.fail_json(msg=str(exc), **exc.extra)
+    for finding in result["findings"]:
+        module.warn(f"{finding['service']}: {finding['id']}: {finding['message']}")
+    return {"changed": False, **result}

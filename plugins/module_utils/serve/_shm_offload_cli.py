@@ -3,10 +3,12 @@
 """The node program around :mod:`_shm_offload`: ``shm-offload reclaim --confirm`` (F13).
 
 The serve role installs it as ``/usr/local/libexec/localinference/shm-offload``
-(``roles/serve/templates/shm_offload.j2`` embeds this file, ``_shm_offload.py``,
-``_validate.py`` and ``_commands.py`` unchanged) and a recipe that offloads KV natively runs it
-as ``ExecStartPre=`` and ``ExecStopPost=`` of the unit that hosts the engine's workers. It
-deletes only what ``_shm_offload`` proves orphaned (two inspections, no live mapping or open
+(``roles/serve/templates/shm_offload.j2`` embeds this file, ``_shm_reclaim.py``,
+``_shm_offload.py``, ``_validate.py`` and ``_commands.py`` unchanged) and a recipe that offloads
+KV natively runs it as ``ExecStartPre=`` and ``ExecStopPost=`` of the unit that hosts the
+engine's workers. The inputs, the evidence and the deletion are ``_shm_reclaim``'s, the core the
+``shm_offload`` module calls too; this file only parses the command line and words the outcome
+as one line and an exit code. It deletes only what ``_shm_offload`` proves orphaned (two inspections, no live mapping or open
 descriptor, no running container with the directory, the owner's regular files) and nothing
 else: no container, no log.
 
@@ -21,37 +23,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import Runner
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._shm_offload import (
     CATALOG,
     DEFAULT_PATTERN,
     ShmOffloadError,
-    check_directory,
-    check_pattern,
-    owner_uid,
     reclaim,
-    survey,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._shm_reclaim import (
+    PROGRAM,
+    survey_offload,
 )
 
 REFUSAL_MARKER = "localinference shm-offload refused"
 DONE, REFUSED = 0, 1
 GIB = 1024**3
-
-
-def _podman(value: str | None) -> str | None:
-    """The Podman binary to ask, or None when none is installed (the check is then skipped)."""
-    if value is None:
-        return shutil.which("podman")
-    found = shutil.which(value) if "/" not in value else value
-    if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
-        raise ShmOffloadError(f"--podman: {value!r} is not an executable; give the Podman binary")
-    return found
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -79,38 +68,10 @@ def run(args: argparse.Namespace) -> tuple[int, str, dict[str, Any]]:
     """(exit code, the one line, the details) of one run; raises ShmOffloadError on bad input."""
     if args.action == "reclaim" and not args.confirm:
         raise ShmOffloadError("reclaim deletes files: add --confirm (status only reports)")
-    for name in ("settle", "timeout"):
-        value = getattr(args, name)
-        low, high = (0, 60) if name == "settle" else (1, 600)
-        if not low <= value <= high:  # also refuses NaN
-            raise ShmOffloadError(f"--{name}: {value!r} is outside {low} to {high} seconds")
-    directory = check_directory("--directory", args.directory)
-    proc_root = check_directory("--proc-root", args.proc_root)
-    pattern = check_pattern(args.pattern)
-    uid = owner_uid(args.owner)
-    podman = _podman(args.podman)
-    verdict = survey(
-        directory,
-        pattern,
-        uid,
-        args.owner,
-        proc_root=proc_root,
-        settle=args.settle,
-        timeout=args.timeout,
-        podman=podman,
-        runner=Runner(timeout=args.timeout) if podman else None,
-    )
-    candidates = [e.public() for e in verdict.orphans]
-    details: dict[str, Any] = {
-        "proven": verdict.proven,
-        "live": verdict.live,
-        "orphans": candidates if verdict.proven else [],
-        "unproven": [] if verdict.proven else candidates,
-        "skipped": verdict.skipped,
-        "refusals": verdict.refusals,
-        "reclaimed": [],
-        "bytes_freed": 0,
-    }
+    found = survey_offload(vars(args), PROGRAM)
+    verdict, directory, pattern = found.verdict, found.directory, found.pattern
+    candidates = found.candidates
+    details = found.report()
     where = f"{directory}/{pattern}"
     kept = f"; {len(verdict.live)} in use and {len(verdict.skipped)} not ours left alone"
     if args.action == "status":

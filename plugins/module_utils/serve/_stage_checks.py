@@ -16,6 +16,10 @@ import hashlib
 import math
 import os
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common._systemctl import (
+    parse_unit_show,
+)
+
 # systemctl show prints one block per unit, properties as KEY=VALUE.
 _SHOW_PROPERTIES = "Id,ActiveState,LoadState"
 
@@ -75,16 +79,6 @@ def stage_ports(recipe: dict, document: dict, rank: int, nnodes: int) -> list[in
     elif nnodes > 1:
         ports.append(int(recipe.get("master_port") or 29501))
     return ports
-
-
-def parse_unit_show(show: str) -> dict[str, dict[str, str]]:
-    """``{unit: {property: value}}`` from ``systemctl show -p Id,... UNIT...``."""
-    states: dict[str, dict[str, str]] = {}
-    for block in show.split("\n\n"):
-        fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        if "Id" in fields:
-            states[fields["Id"]] = fields
-    return states
 
 
 def all_active(units: list[str], states: dict[str, dict[str, str]]) -> bool:

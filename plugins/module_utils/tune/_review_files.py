@@ -17,6 +17,7 @@ from typing import Any
 from ansible_collections.localinference.vllm.plugins.module_utils.qualify._plots import (
     HAS_MATPLOTLIB,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.tune import _trials
 
 if HAS_MATPLOTLIB:
     from matplotlib import pyplot
@@ -72,3 +73,25 @@ def write(directory: str, document: dict[str, Any], diff: str) -> dict[str, Any]
     }
     paths["plot"] = _plot(document, directory)
     return paths
+
+
+def record(module: Any) -> dict[str, Any]:
+    """The ``tune_record`` module: the tune's document and diff, written into ``dest`` outside check mode.
+
+    ``module`` is the caller's AnsibleModule (``params``, ``check_mode``, ``fail_json``).
+    """
+    p = module.params
+    diff = _trials.recipe_diff(p["inventory_recipe"], p["after"].get("recipe") or p["inventory_recipe"])
+    document = _trials.document(
+        status=p["status"], findings_found=p["findings"], candidates=p["candidates"], dropped=p["dropped"],
+        skipped=p["skipped"], trials=p["trials"], before=p["before"], after=p["after"],
+        weights=p["weights"], stopped=p["stopped"],
+    )
+    figures = _trials.before_after(p["before"], p["after"])
+    if module.check_mode:
+        return {"changed": False, "tune_json": None, "diff": diff, "plot": None, "figures": figures}
+    try:
+        paths = write(p["dest"], document, diff)
+    except OSError as exc:
+        module.fail_json(msg=f"tune_record: cannot write the tune's record into {p['dest']}: {exc}")
+    return {"changed": False, "diff": diff, "figures": figures, **{k: v for k, v in paths.items() if k != "diff"}}

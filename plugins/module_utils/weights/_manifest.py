@@ -13,6 +13,9 @@ and each file is read by its own reader thread while it is hashed
 (``_file_hash``): ``hashlib`` releases the GIL while it digests large buffers
 and so do file reads, so threads scale across cores without extra processes.
 
+The manifest's format and its reader (``load_manifest``, ``validate_manifest``) are
+``common/_manifest_file.py``'s: the preflight and the upgrade read manifests too.
+
 No AnsibleModule here: this file is unit-tested on its own.
 """
 
@@ -21,7 +24,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import shutil
 import stat as stat_mod
 from collections.abc import Callable, Iterable
@@ -29,6 +31,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common._manifest_file import (
+    MANIFEST_FORMAT,
+    SHA256_HEX,
+    ManifestError,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.weights._file_hash import (
     READ_BYTES,
     file_sha256,
@@ -39,14 +46,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.weights._safet
     read_safetensors_summary,
     safetensors_header_check,
 )
-
-MANIFEST_FORMAT = "localinference.vllm/weights-manifest-v1"
-MANIFEST_DIR = "localinference-manifests"
-SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-
-
-class ManifestError(Exception):
-    """A manifest cannot be read or a snapshot cannot be listed."""
 
 
 @dataclass
@@ -269,69 +268,6 @@ def list_files(root: str) -> dict[str, os.stat_result]:
 
 def _is_regular(stat: os.stat_result) -> bool:
     return stat_mod.S_ISREG(stat.st_mode)
-
-
-def default_manifest_path(snapshot: str) -> str:
-    """``<repo>/localinference-manifests/<revision>.json`` beside ``snapshots/<revision>``."""
-    snapshot = os.path.normpath(snapshot)
-    revision = os.path.basename(snapshot)
-    repo_dir = os.path.dirname(os.path.dirname(snapshot))
-    return os.path.join(repo_dir, MANIFEST_DIR, f"{revision}.json")
-
-
-def load_manifest(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        raise ManifestError(f"manifest {path} does not exist") from None
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ManifestError(f"manifest {path} cannot be read: {exc}") from None
-    return validate_manifest(data, path)
-
-
-def validate_manifest(data: Any, origin: str = "manifest") -> dict[str, Any]:
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
-        raise ManifestError(f"{origin} is not a {MANIFEST_FORMAT} document")
-    files = data.get("files")
-    if not isinstance(files, list):
-        raise ManifestError(f"{origin} has no 'files' list")
-    seen: set[str] = set()
-    for position, entry in enumerate(files):
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("path"), str)
-            or not _count(entry.get("size"))
-            or not _count(entry.get("mtime_ns"))
-            or not isinstance(entry.get("sha256"), str)
-            or not SHA256_HEX.match(entry["sha256"])
-        ):
-            raise ManifestError(
-                f"{origin} has a malformed file entry files[{position}]: {_shown(entry)}"
-                " (needs path, size and mtime_ns as non-negative integers, sha256 as 64 hex digits)"
-            )
-        rel = entry["path"]
-        if (
-            not rel
-            or rel.startswith("/")
-            or os.path.normpath(rel) != rel
-            or ".." in rel.split("/")
-            or any(not char.isprintable() for char in rel)
-        ):
-            raise ManifestError(f"{origin} has an unsafe path in files[{position}]: {rel[:200]!r}")
-        if rel in seen:
-            raise ManifestError(f"{origin} lists {rel!r} twice (files[{position}])")
-        seen.add(rel)
-    return data
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def manifest_document(

@@ -28,11 +28,6 @@ from unittest import mock
 
 import pytest
 from ansible.module_utils import basic
-from ansible_collections.localinference.vllm.plugins.module_utils.client._budget import (
-    ClientInputError,
-    check_client_limits,
-    plan_client,
-)
 from ansible_collections.localinference.vllm.plugins.module_utils.common import _commands
 from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_log import (
     LogInputError,
@@ -47,6 +42,11 @@ from ansible_collections.localinference.vllm.plugins.module_utils.fabric._ethtoo
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._rdma_facts import (
     RdmaParseError,
     parse_ibv_devinfo,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._client_budget import (
+    ClientInputError,
+    check_client_limits,
+    plan_client,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_model import (
     KvInputError,

@@ -9,11 +9,11 @@ import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
 from ansible_collections.localinference.vllm.plugins.module_utils.common import _commands
+from ansible_collections.localinference.vllm.plugins.module_utils.doctor import _evidence_gather
 from ansible_collections.localinference.vllm.plugins.modules import doctor_facts
 
 from tests.unit.module_helper import run_module
@@ -148,7 +148,7 @@ def test_links_read_every_interface_mtu_as_text_and_name_what_vanished(tmp_path,
         (tmp_path / name / "mtu").write_text(mtu)
         (tmp_path / name / "operstate").write_text(state)
     (tmp_path / "veth9").mkdir()
-    monkeypatch.setattr(doctor_facts, "SYS_CLASS_NET", str(tmp_path))
+    monkeypatch.setattr(_evidence_gather, "SYS_CLASS_NET", str(tmp_path))
     out = run_module(doctor_facts, {"links": True}, check_mode=True)
     links = out.result["ansible_facts"]["doctor_evidence"]["links"]
     assert links["enp1s0f0np0"] == {"mtu": "1500", "operstate": "up", "error": None}
@@ -305,14 +305,6 @@ def test_token_probe(tmp_path, endpoint, name, key_file, ingress, engine, probes
     # Each target waits at most its deadline (plus /health): a wedge costs two, never more.
     assert elapsed < len(probes) * 1 + 5, f"{name}: {elapsed:.1f} s"
     assert KEY not in json.dumps(out.result), "the key left the node"
-
-
-def test_the_key_read_is_masked_in_everything_ansible_logs(tmp_path):
-    path = tmp_path / "api-key.env"
-    path.write_text(KEY_FILES["good"])
-    module = SimpleNamespace(no_log_values=set())
-    assert doctor_facts._read_key(module, str(path)) == KEY
-    assert module.no_log_values == {KEY}
 
 
 def _lines(*records: dict) -> bytes:

@@ -9,11 +9,11 @@ import json
 import sys
 from pathlib import Path
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common._manifest_file import (
+    MANIFEST_FORMAT,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.preflight._host_stack import (
     judge_node,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.weights._manifest import (
-    MANIFEST_FORMAT,
 )
 from ansible_collections.localinference.vllm.plugins.modules import host_stack_facts
 

@@ -10,7 +10,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.weights import _manifest as m
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _manifest_file as mf
 from ansible_collections.localinference.vllm.plugins.modules import model_manifest
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
 
@@ -55,7 +55,7 @@ def test_create_writes_manifest_then_is_idempotent(snap):
     r = first.result
     assert r["changed"] and r["ok"] and r["hashed"] == 3 and r["files"] == 3
     assert r["manifest"] == manifest_path(snap)
-    on_disk = m.load_manifest(manifest_path(snap))
+    on_disk = mf.load_manifest(manifest_path(snap))
     assert on_disk == r["manifest_content"]
     assert on_disk["model"] == "org/name" and on_disk["revision"] == REV
     second = create(snap).result

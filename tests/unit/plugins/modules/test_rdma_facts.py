@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric import _rdma_gather
 from ansible_collections.localinference.vllm.plugins.modules import rdma_facts
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
 
@@ -38,7 +39,7 @@ def addresses(monkeypatch):
     """The one thing the controller lacks: the lab interfaces and their addresses."""
     table = {"enp1s0f0np0": ["10.77.0.12"], "enP2p1s0f0np0": ["10.77.1.12"]}
     monkeypatch.setattr(
-        rdma_facts, "_ipv4_addresses", lambda module, runner, netdev: table.get(netdev, [])
+        _rdma_gather, "_ipv4_addresses", lambda module, runner, netdev: table.get(netdev, [])
     )
 
 

@@ -13,6 +13,7 @@ from unittest import mock
 
 import pytest
 from ansible.module_utils import basic
+from ansible_collections.localinference.vllm.plugins.module_utils.serve import _ready_probe
 from ansible_collections.localinference.vllm.plugins.modules import serving_ready
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
 
@@ -176,7 +177,7 @@ def test_a_wedged_systemctl_is_bounded(server, tmp_path):
         mock.patch.object(
             basic.AnsibleModule, "get_bin_path", lambda self, name, **kw: str(script)
         ),
-        mock.patch.object(serving_ready, "SYSTEMCTL_TIMEOUT", 0.5),
+        mock.patch.object(_ready_probe, "SYSTEMCTL_TIMEOUT", 0.5),
     ):
         out = run_module(
             serving_ready, {"url": url(server), "model": "m", "timeout": 1, "units": ["a.service"]}

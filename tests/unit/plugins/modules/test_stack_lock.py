@@ -18,14 +18,14 @@ from unittest import mock
 
 import pytest
 from ansible.module_utils import basic
+from ansible_collections.localinference.vllm.plugins.module_utils.common._manifest_file import (
+    MANIFEST_FORMAT,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     normalise,
     recipe_hash,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.upgrade import _stack_lock as lock
-from ansible_collections.localinference.vllm.plugins.module_utils.weights._manifest import (
-    MANIFEST_FORMAT,
-)
 from ansible_collections.localinference.vllm.plugins.modules import stack_lock
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
 

@@ -8,6 +8,7 @@ import json
 from typing import ClassVar
 
 import pytest
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _stage_file
 from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     StageResultError,
     check_document,
@@ -120,7 +121,7 @@ class FakeRunner:
 
 @pytest.fixture
 def node(tmp_path, monkeypatch):
-    monkeypatch.setattr(stage_result, "Runner", FakeRunner)
+    monkeypatch.setattr(_stage_file, "Runner", FakeRunner)
     FakeRunner.states = {"caddy.service": ("active", "enabled")}
     FakeRunner.calls = []
     caddyfile = tmp_path / "Caddyfile"

@@ -28,9 +28,6 @@ from ansible_collections.localinference.vllm.plugins.filter.doctor import (
 )
 from ansible_collections.localinference.vllm.plugins.filter.stage import findings_table
 from ansible_collections.localinference.vllm.plugins.module_utils.client import _agents as c
-from ansible_collections.localinference.vllm.plugins.module_utils.client._budget import (
-    plan_client,
-)
 from ansible_collections.localinference.vllm.plugins.module_utils.client._check import (
     config_paths,
     judge_clients,
@@ -38,6 +35,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._check 
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.client._toml_write import dumps
 from ansible_collections.localinference.vllm.plugins.module_utils.doctor._judge import COLUMNS
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._client_budget import (
+    plan_client,
+)
 
 from tests.unit.plugins.module_utils.doctor.test_judge import build
 

@@ -27,7 +27,10 @@ from ansible_collections.localinference.vllm.plugins.filter.fabric import Filter
 from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     canonical_json,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.fabric import _judge
+from ansible_collections.localinference.vllm.plugins.module_utils.fabric import (
+    _judge,
+    _rdma_gather,
+)
 from ansible_collections.localinference.vllm.plugins.modules import ethtool_facts, rdma_facts
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
 
@@ -317,7 +320,7 @@ def _rdma_recording(
     ibv_devinfo: str | None = None,
 ) -> dict[str, Any]:
     table = dict(zip(["enp1s0f0np0", "enP2p1s0f0np0"], [[a] for a in addresses], strict=True))
-    monkeypatch.setattr(rdma_facts, "_ipv4_addresses", lambda *args: table.get(args[-1], []))
+    monkeypatch.setattr(_rdma_gather, "_ipv4_addresses", lambda *args: table.get(args[-1], []))
     root = tmp / name
     ports = ["rocep1s0f0=enp1s0f0np0", "roceP2p1s0f0=enP2p1s0f0np0"]
     if gid_addresses:

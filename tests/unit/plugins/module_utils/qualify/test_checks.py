@@ -18,9 +18,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.qualify._http 
 from ansible_collections.localinference.vllm.plugins.module_utils.qualify._run import (
     run_check,
 )
-from ansible_collections.localinference.vllm.plugins.modules.qualify_check import (
-    default_metrics_url,
-)
 
 from .fake_vllm import FakeServer, Reply, as_json, recorded, sse
 
@@ -354,20 +351,6 @@ def test_nothing_listening_is_named():
     client = Client("http://127.0.0.1:9/v1", None, 2)
     with pytest.raises(HttpError, match="connection refused"):
         client.request("GET", "models")
-
-
-@pytest.mark.parametrize(
-    ("base", "metrics"),
-    [
-        (
-            "http://127.0.0.1:18080/localinference/tiny-deepseek/v1",
-            "http://127.0.0.1:18080/localinference/tiny-deepseek/metrics",
-        ),
-        ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000/metrics"),
-    ],
-)
-def test_default_metrics_url(base, metrics):
-    assert default_metrics_url(base) == metrics
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.localinference.vllm.plugins.module_utils.serve import _ports
+from ansible_collections.localinference.vllm.tests.unit.module_helper import FakeModule, ModuleExit
 
 # /proc/net/tcp and tcp6 as a Debian 12 kernel prints them (header + LISTEN + ESTABLISHED).
 TCP = "\n".join(
@@ -94,3 +95,21 @@ def test_a_listener_of_another_process(tmp_path: Path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_port_listeners_refuses_a_foreign_listener_with_what_it_found():
+    # port_listeners' one call (_ports.run): a bad port, then a port held by this test's process
+    with pytest.raises(ModuleExit) as caught:
+        _ports.run(FakeModule({"ports": [0, 8000], "units": [], "fail_on_foreign": True}))
+    assert caught.value.result["msg"] == "ports: [0] are not TCP ports (1-65535)"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        params = {"ports": [port], "units": ["localinference-vllm.service"], "fail_on_foreign": True}
+        with pytest.raises(ModuleExit) as caught:
+            _ports.run(FakeModule(params))
+        reported = _ports.run(FakeModule({**params, "fail_on_foreign": False}))
+    assert caught.value.result["msg"].startswith(f"port {port} on 127.0.0.1 is held by pid {os.getpid()}")
+    assert [item["port"] for item in caught.value.result["foreign"]] == [port]
+    assert reported["changed"] is False and reported["foreign"] == reported["listeners"]

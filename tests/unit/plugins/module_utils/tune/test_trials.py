@@ -8,6 +8,7 @@ import json
 
 import pytest
 from ansible_collections.localinference.vllm.plugins.module_utils.tune import _review_files, _trials
+from ansible_collections.localinference.vllm.tests.unit.module_helper import FakeModule
 
 HOL = {"checks": {"head_of_line": "fail"}, "figures": {"head_of_line_stall_s": 3.6}}
 FIXED = {"checks": {"head_of_line": "pass"}, "figures": {"head_of_line_stall_s": 0.1}}
@@ -58,6 +59,20 @@ def test_the_record_files(tmp_path) -> None:
     assert (tmp_path / "tune" / "tuned-recipe.diff").read_text() == "diff\n"
     assert paths["plot"] and (tmp_path / "tune" / "trials.png").stat().st_size > 1000
     assert _trials.before_after(HOL, FIXED)[0] == "head_of_line_stall_s: 3.6 -> 0.1"
+
+
+def test_tune_record_writes_nothing_in_check_mode_and_the_files_otherwise(tmp_path) -> None:
+    # tune_record's one call (_review_files.record): the same document, diff and figures either way
+    params = {"dest": str(tmp_path / "tune"), "status": "running", "stopped": "", "findings": [],
+              "candidates": [CAP], "dropped": [], "skipped": [], "trials": [], "before": HOL, "after": HOL,
+              "inventory_recipe": {"max_model_len": 65536}, "weights": {}}
+    predicted = _review_files.record(FakeModule(params, check_mode=True))
+    assert predicted == {"changed": False, "tune_json": None, "diff": "", "plot": None,
+                         "figures": _trials.before_after(HOL, HOL)}
+    assert not (tmp_path / "tune").exists()
+    written = _review_files.record(FakeModule(params))
+    assert written["tune_json"] == str(tmp_path / "tune" / "tune.json") and written["plot"] is None
+    assert json.loads((tmp_path / "tune" / "tune.json").read_text())["status"] == "running"
 
 
 @pytest.mark.parametrize(

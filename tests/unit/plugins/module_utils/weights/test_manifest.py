@@ -11,6 +11,7 @@ import struct
 import threading
 
 import pytest
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _manifest_file as mf
 from ansible_collections.localinference.vllm.plugins.module_utils.weights import _manifest as m
 
 REV = "5eed0c0ffee0000000000000000000000000000a"
@@ -360,47 +361,12 @@ def test_verify_missing_directory_lists_every_file(tmp_path, copied):
 # --- manifest files ----------------------------------------------------------
 
 
-def test_default_manifest_path_is_beside_snapshots():
-    path = m.default_manifest_path(f"/srv/models/hub/models--org--name/snapshots/{REV}/")
-    assert path == f"/srv/models/hub/models--org--name/localinference-manifests/{REV}.json"
-
-
 def test_manifest_round_trip(tmp_path, snapshot):
     doc = m.manifest_document(m.create(snapshot, None).records, "org/name", REV)
     path = str(tmp_path / "sub" / "m.json")
     m.write_manifest(path, doc)
-    assert m.load_manifest(path) == doc
+    assert mf.load_manifest(path) == doc
     assert not [p for p in os.listdir(tmp_path / "sub") if ".tmp." in p]
-
-
-@pytest.mark.parametrize(
-    ("document", "reason"),
-    [
-        ([], "is not a"),
-        ({"format": "other"}, "is not a"),
-        ({"format": m.MANIFEST_FORMAT}, "no 'files' list"),
-        ({"format": m.MANIFEST_FORMAT, "files": [{"path": "a"}]}, "malformed"),
-        (
-            {
-                "format": m.MANIFEST_FORMAT,
-                "files": [{"path": "../etc/passwd", "size": 1, "mtime_ns": 1, "sha256": "0" * 64}],
-            },
-            "unsafe path",
-        ),
-    ],
-)
-def test_validate_manifest_rejects(document, reason):
-    with pytest.raises(m.ManifestError, match=reason):
-        m.validate_manifest(document)
-
-
-def test_load_manifest_errors(tmp_path):
-    with pytest.raises(m.ManifestError, match="does not exist"):
-        m.load_manifest(str(tmp_path / "none.json"))
-    bad = tmp_path / "bad.json"
-    bad.write_text("{")
-    with pytest.raises(m.ManifestError, match="cannot be read"):
-        m.load_manifest(str(bad))
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _manifest_file as mf
 from ansible_collections.localinference.vllm.plugins.module_utils.weights import _manifest as m
 from ansible_collections.localinference.vllm.plugins.modules import model_manifest
 from ansible_collections.localinference.vllm.tests.unit.module_helper import run_module
@@ -43,7 +44,7 @@ def test_dangling_shard_makes_create_fail_naming_the_file(tmp_path):
     result = run_module(model_manifest, {"path": str(snap), "mode": "create"})
     assert result.result["ok"] is False and result.result["changed"] is False
     assert "model-00002.bin (dangling symlink" in result.result["msg"]
-    assert not os.path.exists(m.default_manifest_path(str(snap))), (
+    assert not os.path.exists(mf.default_manifest_path(str(snap))), (
         "an incomplete snapshot was blessed"
     )
 
@@ -135,17 +136,17 @@ def test_a_link_to_a_sibling_directory_is_no_loop(tmp_path):
     ],
 )
 def test_manifests_are_schema_checked(files, message):
-    document = {"format": m.MANIFEST_FORMAT, "files": files}
-    with pytest.raises(m.ManifestError, match="manifest_content") as caught:
-        m.validate_manifest(document, "manifest_content")
+    document = {"format": mf.MANIFEST_FORMAT, "files": files}
+    with pytest.raises(mf.ManifestError, match="manifest_content") as caught:
+        mf.validate_manifest(document, "manifest_content")
     assert message in str(caught.value)
 
 
 def test_a_deeply_nested_manifest_file_is_a_clear_error(tmp_path):
     path = tmp_path / "m.json"
     path.write_text("[" * 200_000 + "]" * 200_000)
-    with pytest.raises(m.ManifestError, match="cannot be read"):
-        m.load_manifest(str(path))
+    with pytest.raises(mf.ManifestError, match="cannot be read"):
+        mf.load_manifest(str(path))
 
 
 @pytest.mark.parametrize(

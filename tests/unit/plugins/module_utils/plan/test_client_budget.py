@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.client._budget import (
+from ansible_collections.localinference.vllm.plugins.module_utils.plan._client_budget import (
     WORK_ROOM,
     ClientInputError,
     check_client_limits,

@@ -13,6 +13,10 @@ A sound budget for server context ``L``: output ``O < L``; input
 ``I = L - O`` (prompt plus output always fits); reserved ``R`` (defaults to
 opencode's own ``min(20000, O)``); ``B = I - R >= F + WORK_ROOM``;
 ``context = L``.
+
+The plan owns this arithmetic: ``kv_budget`` sizes the served context by it, and
+the client stage (``client/_opencode.py``, ``client/_agents.py``) writes and judges
+the limits it gives, importing it from here (a stage imports only earlier ones).
 """
 
 from __future__ import annotations
