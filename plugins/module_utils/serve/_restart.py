@@ -125,10 +125,12 @@ def restart_plan(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The ordered steps of a restart across ``nodes``, in :data:`RESTART_ORDER`.
 
     ``nodes``: ``{name, rank, start_order}`` with rank 0 the head. Steps are
-    ``{step, node, units}`` with step ``stop``, ``verify``, ``start``: every node (the head
-    first, then the workers by rank) for a step of the whole cluster, and a start only where
-    it has units to start. The caller proves a streamed token after the last one. Raises
-    ValueError when there is no single head.
+    ``{step, node, units, wave}`` with step ``stop``, ``verify``, ``start``: every node (the
+    head first, then the workers by rank) for a step of the whole cluster, and a start only
+    where it has units to start. ``wave`` is the step's row of :data:`RESTART_ORDER`, the
+    rollout's play: a play runs on its hosts at once, so the steps of one wave may run
+    together and a wave starts when the one before it ended everywhere. The caller proves a
+    streamed token after the last one. Raises ValueError when there is no single head.
     """
     heads = [n for n in nodes if n["rank"] == 0]
     if len(heads) != 1:
@@ -136,9 +138,9 @@ def restart_plan(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     workers = sorted((n for n in nodes if n["rank"] != 0), key=lambda n: n["rank"])
     hosts = {HEAD: heads, WORKERS: workers, CLUSTER: [*heads, *workers]}
     steps = []
-    for step, group, _tasks, which in RESTART_ORDER:
+    for wave, (step, group, _tasks, which) in enumerate(RESTART_ORDER):
         for node in hosts[group]:
             units = [] if step == "verify" else _units(node["start_order"], which)
             if step != "start" or units:
-                steps.append({"step": step, "node": node["name"], "units": units})
+                steps.append({"step": step, "node": node["name"], "units": units, "wave": wave})
     return steps

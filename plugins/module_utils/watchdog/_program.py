@@ -13,7 +13,9 @@ The role ``watchdog`` installs this file, embedded with its imports, as
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import functools
+import itertools
 import http.server
 import json
 import os
@@ -68,6 +70,10 @@ from ansible_collections.localinference.vllm.plugins.module_utils.watchdog._prom
 NODE_CONFIG = "/etc/localinference/watchdog-node.json"
 # A stream the ingress closed before its first byte is asked again after this pause.
 REASK_PAUSE_S = 1.0
+# After a restart, a streamed token is asked for this often until ready_timeout_s: while the
+# engine boots the ingress answers 503 at once, so a short pause costs nothing and the
+# recovery ends within this much of the engine's first token.
+TOKEN_POLL_S = 2.0
 
 
 def closed_early(token: dict[str, Any]) -> bool:
@@ -206,15 +212,33 @@ class Watchdog:
             if not order:
                 return False, f"{node['name']}: its serving units cannot be read (no restart)"
             nodes.append({"name": node["name"], "rank": node["rank"], "start_order": order})
+        for _wave, steps in itertools.groupby(restart_plan(nodes), key=lambda s: s["wave"]):
+            refused = self.restart_wave(list(steps))
+            if refused:
+                return False, refused
+        return self.wait_token()
+
+    def restart_wave(self, steps: list[dict[str, Any]]) -> str | None:
+        """One wave of the restart on its nodes at once, as the rollout's play runs on its hosts.
+
+        Returns why a node refused (the first in the plan's order), or None when every node did
+        its step; the next wave starts only after every node of this one answered.
+        """
         by_name = {n["name"]: n for n in self.cfg["nodes"]}
-        for step in restart_plan(nodes):
+
+        def call(step: dict[str, Any]) -> dict[str, Any]:
             command = step["step"] + (" " + " ".join(step["units"]) if step["step"] == "start" else "")
             answer = self.node_call(by_name[step["node"]], command, self.cfg["ready_timeout_s"])
             log(f"restart: {step['node']}: {command}: {json.dumps(answer)[:300]}")
+            return answer
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(steps)) as pool:
+            answers = list(pool.map(call, steps))
+        for step, answer in zip(steps, answers):
             if not answer.get("ok"):
                 problems = answer.get("problems") or [answer.get("error")]
-                return False, f"{step['node']}: {step['step']} refused: {'; '.join(map(str, problems))[:300]}"
-        return self.wait_token()
+                return f"{step['node']}: {step['step']} refused: {'; '.join(map(str, problems))[:300]}"
+        return None
 
     def restart_ingress(self) -> tuple[bool, str]:
         try:
@@ -232,7 +256,7 @@ class Watchdog:
             token, _ = self.token()
             if token.get("ok"):
                 return True, f"streams again (first token in {token['ttft_s']:.2f} s)"
-            time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(TOKEN_POLL_S, max(0.0, deadline - time.monotonic())))
         return False, f"no token within {self.cfg['ready_timeout_s']:g} s after the restart: {token.get('error')}"
 
     def record(self, verdict: str, evidence: str, action: str, outcome: str, **extra: Any) -> None:

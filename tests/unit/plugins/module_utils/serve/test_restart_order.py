@@ -198,3 +198,13 @@ def test_the_derived_order_is_the_documented_one():
 def test_restart_plan_needs_one_head() -> None:
     with pytest.raises(ValueError, match="rank 0"):
         restart_plan([{"name": "w", "rank": 1, "start_order": [VLLM]}])
+
+
+@pytest.mark.parametrize("nodes", CLUSTERS.values(), ids=CLUSTERS.keys())
+def test_a_wave_is_one_play(nodes: list[dict[str, Any]]) -> None:
+    """Steps of one play share its wave (the watchdog runs them at once); waves only go forward."""
+    plan = restart_plan(nodes)
+    waves = [s["wave"] for s in plan]
+    assert waves == sorted(waves)
+    for step in plan:
+        assert RESTART_ORDER[step["wave"]][0] == step["step"]

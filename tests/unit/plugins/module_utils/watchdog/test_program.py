@@ -335,3 +335,50 @@ def test_a_stream_closed_before_its_first_byte_is_asked_once_more(
     assert token["ok"] is ok, token
     assert len(seen) == asked, seen
     assert ("asked_again" in token) is (asked == 2), token
+
+
+def _restarting_dog(tmp_path: Path, answer) -> tuple[Watchdog, list[str]]:
+    """A watchdog on a Ray cluster (head h, worker w) whose node calls ``answer`` (node, command)."""
+    calls: list[str] = []
+    dog = Watchdog({**OPTS, "state_path": str(tmp_path / "state.json"),
+                    "nodes": [{"name": "h", "rank": 0}, {"name": "w", "rank": 1}]})
+
+    def node_call(node: dict[str, Any], command: str, timeout: float) -> dict[str, Any]:
+        calls.append(f"{node['name']}: {command}")
+        return answer(node["name"], command)
+
+    dog.node_call = node_call  # type: ignore[method-assign]
+    dog.wait_token = lambda: (True, "streams again")  # type: ignore[method-assign]
+    return dog, calls
+
+
+LOOK = {"nodes": {"h": {"start_order": [RAY, VLLM]}, "w": {"start_order": [RAY]}}}
+
+
+def test_a_restart_runs_each_play_on_its_nodes_at_once(tmp_path: Path) -> None:
+    """Stop and verify reach both nodes together (a barrier both must meet); the waves keep the order."""
+    import threading
+
+    together = threading.Barrier(2, timeout=10)
+
+    def answer(node: str, command: str) -> dict[str, Any]:
+        if command in ("stop", "verify"):
+            together.wait()  # raises BrokenBarrierError if the two nodes were asked one after another
+        return {"ok": True}
+
+    dog, calls = _restarting_dog(tmp_path, answer)
+    assert dog.restart_engine(LOOK) == (True, "streams again")
+    assert sorted(calls[:2]) == ["h: stop", "w: stop"] and sorted(calls[2:4]) == ["h: verify", "w: verify"]
+    assert calls[4:] == [f"h: start {RAY}", f"w: start {RAY}", f"h: start {VLLM}"]
+
+
+def test_a_refusal_ends_the_restart_after_its_wave(tmp_path: Path) -> None:
+    """A node whose files differ is not started: no start after the verify wave, and it is named."""
+    def answer(node: str, command: str) -> dict[str, Any]:
+        if node == "w" and command == "verify":
+            return {"ok": False, "problems": ["unit file changed"]}
+        return {"ok": True}
+
+    dog, calls = _restarting_dog(tmp_path, answer)
+    assert dog.restart_engine(LOOK) == (False, "w: verify refused: unit file changed")
+    assert not [c for c in calls if "start" in c], calls
