@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import functools
-import itertools
 import http.server
+import itertools
 import json
 import os
 import sys
@@ -234,7 +234,7 @@ class Watchdog:
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(steps)) as pool:
             answers = list(pool.map(call, steps))
-        for step, answer in zip(steps, answers):
+        for step, answer in zip(steps, answers, strict=True):
             if not answer.get("ok"):
                 problems = answer.get("problems") or [answer.get("error")]
                 return f"{step['node']}: {step['step']} refused: {'; '.join(map(str, problems))[:300]}"
