@@ -233,8 +233,9 @@ class Watchdog:
             return answer
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(steps)) as pool:
-            answers = list(pool.map(call, steps))
-        for step, answer in zip(steps, answers, strict=True):
+            answered = [(step, pool.submit(call, step)) for step in steps]
+        for step, future in answered:
+            answer = future.result()
             if not answer.get("ok"):
                 problems = answer.get("problems") or [answer.get("error")]
                 return f"{step['node']}: {step['step']} refused: {'; '.join(map(str, problems))[:300]}"
