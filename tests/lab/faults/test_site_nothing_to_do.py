@@ -94,6 +94,21 @@ def test_a_tagged_run_neither_takes_the_shortcut_nor_records():
     assert exec_on(HEAD, "stat", "-c", "%Y %s %i", SITE).stdout == recorded
 
 
+def test_site_reuse_false_runs_every_stage_and_changes_nothing():
+    """The documented way past the shortcut: no record compared, every stage runs, nothing
+    changes or restarts (the skipped record once failed the token task: its loop is made
+    before its when)."""
+    whole_run()
+    before = unit_invocations()
+    run = run_playbook("site.yml", extra_vars={"site_reuse": False}, timeout=1800)
+    assert run.rc == 0, run.tail()
+    assert not nothing_to_do(run), run.tail()
+    assert run.changed() == 0, run.recap
+    assert not [play for play in STAGE_PLAYS if play in skipped_plays(run)], run.tail()
+    assert "localinference.vllm.serve : Stage |" in run.stdout
+    assert unit_invocations() == before, "site_reuse: false restarted vLLM with nothing changed"
+
+
 def test_a_change_behind_the_collections_back_makes_every_stage_run_and_says_why():
     whole_run()
     # A harmless edit of a watched file: the plan stage writes it back as it was.
