@@ -17,6 +17,10 @@ from __future__ import annotations
 import math
 import re
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 # Longer numbers are no count vLLM prints; they are garbage, and int() of thousands
 # of digits raises ValueError (or hangs), float() of them gives inf.
 MAX_DIGITS = 18
@@ -25,11 +29,11 @@ MAX_DIGITS = 18
 MAX_LINE = 65536
 
 
-class NotAVllmNumber(ValueError):
+class NotAVllmNumber(validate.InputError):
     """A line matched a pattern but its number is no number vLLM prints."""
 
 
-class LogInputError(ValueError):
+class LogInputError(validate.InputError):
     """The log cannot be read as text, or is empty; the message names the source."""
 
 

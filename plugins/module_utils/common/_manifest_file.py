@@ -17,12 +17,16 @@ import os
 import re
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 MANIFEST_FORMAT = "localinference.vllm/weights-manifest-v1"
 MANIFEST_DIR = "localinference-manifests"
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
-class ManifestError(Exception):
+class ManifestError(validate.Error):
     """A manifest cannot be read or a snapshot cannot be listed."""
 
 

@@ -84,7 +84,22 @@ _CDI_DEVICE = re.compile(rf"{_CDI_PART}/{_CDI_PART}=[A-Za-z0-9](?:[A-Za-z0-9_.:-
 _DEVICE_PERMISSIONS = re.compile(r"(?!.*(.).*\1)[rwm]{1,3}")
 
 
-class ValidationError(ValueError):
+class Error(Exception):
+    """The collection's one error type: every error of plugins/module_utils derives from it.
+
+    Its message says what failed (the variable, the file or the command) and the fix, so a
+    module or a node program can catch this one type and show ``str()``.  A stage keeps its
+    own subclass (``PreflightInputError``...) where a caller must tell errors apart; an error
+    that was a ValueError or a RuntimeError stays one too (:class:`InputError`), so every
+    ``except`` written before this base existed catches what it caught.
+    """
+
+
+class InputError(Error, ValueError):
+    """A value that cannot be used (an option, a fact, a file's text); the message names it."""
+
+
+class ValidationError(InputError):
     """A value that must not reach a unit file, a command line or a path.
 
     ``name`` is the variable (``vllm_recipe.served_model_name``), ``problem``

@@ -7,10 +7,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 _SPEED = re.compile(r"^(?P<value>\d{1,9})\s*(?P<unit>[MG])b/s$")
 
 
-class EthtoolParseError(ValueError):
+class EthtoolParseError(validate.InputError):
     """The text is not ethtool output."""
 
 

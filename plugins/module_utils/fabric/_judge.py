@@ -25,6 +25,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import (
     errors,
     finding,
@@ -52,7 +55,7 @@ INPUT_KEYS = (
 )
 
 
-class FabricInputError(ValueError):
+class FabricInputError(validate.InputError):
     """A configuration value the judgement cannot use; the message names the variable."""
 
 

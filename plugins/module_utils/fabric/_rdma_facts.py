@@ -16,6 +16,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
     text,
@@ -30,7 +33,7 @@ ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 MAX_DEVICE_NAME = 63
 
 
-class RdmaParseError(ValueError):
+class RdmaParseError(validate.InputError):
     """The text is not ibv_devinfo/show_gids output."""
 
 

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
 
 WORK_ROOM = 10240
@@ -33,7 +36,7 @@ AUTO_OUTPUT_CAP = 16384
 STEP = 1024
 
 
-class ClientInputError(ValueError):
+class ClientInputError(validate.InputError):
     """Bad client input; the message names the option."""
 
 

@@ -12,12 +12,16 @@ import math
 import os
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 # Where an observation comes from: a boot that reported its KV cache, or the
 # calibration points of a start that failed for lack of KV (vllm_log_facts).
 SOURCES = ("boot", "error_report")
 
 
-class KvInputError(ValueError):
+class KvInputError(validate.InputError):
     """Bad input; the message names the option and the fix."""
 
 

@@ -26,7 +26,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNLIMITED = ("unlimited", "infinity", "-1")
 
 
-class RecipeInputError(ValueError):
+class RecipeInputError(validate.InputError):
     """A recipe or host_limits value has the wrong type; the message names it."""
 
 

@@ -14,6 +14,10 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 QUERY_FIELDS = (
     "index",
     "name",
@@ -37,7 +41,7 @@ _TABLE_GPU_ROW = re.compile(
 _TABLE_MEMORY = re.compile(r"\|\s*(?P<used>\d+)MiB\s*/\s*(?P<total>\d+)MiB\s*\|")
 
 
-class NvidiaSmiParseError(ValueError):
+class NvidiaSmiParseError(validate.InputError):
     """The text is not the nvidia-smi output we asked for."""
 
 

@@ -429,7 +429,7 @@ STACK_OPTIONS = (
 )
 
 
-class HostStackInputError(ValueError):
+class HostStackInputError(validate.InputError):
     """Facts or options that cannot be judged (the message names the variable)."""
 
 

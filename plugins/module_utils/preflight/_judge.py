@@ -82,7 +82,7 @@ INCOMPLETE_MESSAGE = "INCOMPLETE: preflight did not finish on it, so it cannot b
 INCOMPLETE_FIX = "fix the error above and re-run."
 
 
-class PreflightInputError(ValueError):
+class PreflightInputError(validate.InputError):
     """Facts or thresholds that cannot be judged (the message names the variable)."""
 
 

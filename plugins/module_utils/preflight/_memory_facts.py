@@ -14,6 +14,10 @@ import math
 import re
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 KIB = 1024
 
 _MEMINFO_LINE = re.compile(r"^(?P<key>[A-Za-z0-9_()]+):\s+(?P<value>\d+)(?:\s+kB)?\s*$")
@@ -21,7 +25,7 @@ _PSI_LINE = re.compile(r"^(?P<kind>some|full)\s+(?P<fields>.*)$")
 _LIMIT_LINE = re.compile(r"^Max locked memory\s+(?P<soft>\S+)\s+(?P<hard>\S+)\s+(?P<unit>\S+)")
 
 
-class ProcParseError(ValueError):
+class ProcParseError(validate.InputError):
     """The text is not the /proc file it should be."""
 
 

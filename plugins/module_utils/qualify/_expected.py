@@ -24,6 +24,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 
 @dataclass(frozen=True)
 class Figure:
@@ -71,7 +75,7 @@ DEFAULT_FRACTIONS = (0.25, 0.5, 0.9, 1.1)
 PROVENANCE = ("unit", "at", "source", "quote")
 
 
-class ExpectedError(ValueError):
+class ExpectedError(validate.InputError):
     """An ``expected:`` block the gate cannot use; the message names the key."""
 
 

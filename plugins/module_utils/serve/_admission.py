@@ -42,6 +42,10 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 KIB = 1024
 GIB = 1024**3
 ADMIT, REFUSE, USAGE = 0, 1, 2
@@ -54,7 +58,7 @@ UNLIMITED = 2**62
 MAX_READ = 1024 * 1024
 
 
-class AdmissionError(Exception):
+class AdmissionError(validate.Error):
     """Evidence that cannot be read or makes no sense; the check refuses (fails closed)."""
 
 

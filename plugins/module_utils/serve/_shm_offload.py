@@ -38,6 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common import _validate
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
@@ -59,7 +62,7 @@ CATALOG = "docs/failure-catalog.md#f13"
 Key = tuple[int, int]  # (st_dev, st_ino)
 
 
-class ShmOffloadError(Exception):
+class ShmOffloadError(validate.Error):
     """Bad input or an unusable directory; the message names the option and the fix."""
 
 

@@ -16,6 +16,9 @@ import hashlib
 import math
 import os
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._systemctl import (
     parse_unit_show,
 )
@@ -24,7 +27,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._system
 _SHOW_PROPERTIES = "Id,ActiveState,LoadState"
 
 
-class StageCheckError(Exception):
+class StageCheckError(validate.Error):
     """A node refuses the rollout; the message names the node, the cause and the fix."""
 
 

@@ -19,6 +19,9 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._files import read_bytes
 from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     canonical_json,
@@ -50,7 +53,7 @@ MAX_DIFFERENCES = 40
 MAX_FLATTEN_DEPTH = 16
 
 
-class StateFileError(ValueError):
+class StateFileError(validate.InputError):
     """A state or unit file that exists but cannot be read as text; the message says why."""
 
 

@@ -45,7 +45,7 @@ MAX_NODES = 64
 EXECUTE_MODEL_TIMEOUT_BOUNDS = (1.0, 86400.0)
 
 
-class ConfigError(ValueError):
+class ConfigError(validate.InputError):
     """The config cannot be used; the message names the variable and the fix."""
 
 
