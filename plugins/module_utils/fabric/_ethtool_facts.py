@@ -59,16 +59,6 @@ def parse_settings(text: str) -> dict[str, Any]:
     }
 
 
-def sysfs_text(data: bytes) -> str | None:
-    """A sysfs attribute's text; None when it is not text (NUL bytes or not ASCII)."""
-    if b"\x00" in data:
-        return None
-    try:
-        return data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        return None
-
-
 def sysfs_int(value: str | None) -> int | None:
     """A small decimal sysfs number such as ``mtu``; None for anything else."""
     if not value or not value.isascii() or not value.isdigit() or len(value) > 9:

@@ -433,14 +433,6 @@ class HostStackInputError(validate.InputError):
     """Facts or options that cannot be judged (the message names the variable)."""
 
 
-def _float(options: Mapping[str, Any], name: str) -> float:
-    """A finite number (``validate.number``: NaN, infinity, booleans and words are refused)."""
-    try:
-        return validate.number(name, options.get(name))
-    except validate.ValidationError as exc:
-        raise HostStackInputError(str(exc)) from None
-
-
 def rdma_in_use(setting: Any, devices: Sequence[str]) -> bool:
     """``preflight_rdma``: ``required``, ``unused``, or ``auto`` (an RDMA device exists)."""
     if setting in ("required", "unused"):
@@ -491,7 +483,11 @@ def judge_node(
     findings += judge_clock(
         clock.get("timedatectl"),
         clock.get("chronyc"),
-        _float(options, "preflight_max_clock_offset_seconds"),
+        validate.number(
+            "preflight_max_clock_offset_seconds",
+            options.get("preflight_max_clock_offset_seconds"),
+            error=HostStackInputError,
+        ),
         host,
     )
     memlock = stack.get("memlock") or {}
@@ -509,8 +505,21 @@ def judge_node(
         "nccl_version": (nccl or {}).get("loads", {}).get("version"),
         "engine": {k: v for k, v in (stack.get("engine") or {}).items() if k != "probe"},
         "disk": stack.get("disk") or {},
-        "weights_reserve_bytes": int(_float(options, "preflight_weights_reserve_gib") * GIB),
-        "weights_bytes": int(_float(options, "preflight_weights_bytes")),
+        "weights_reserve_bytes": int(
+            validate.number(
+                "preflight_weights_reserve_gib",
+                options.get("preflight_weights_reserve_gib"),
+                error=HostStackInputError,
+            )
+            * GIB
+        ),
+        "weights_bytes": int(
+            validate.number(
+                "preflight_weights_bytes",
+                options.get("preflight_weights_bytes"),
+                error=HostStackInputError,
+            )
+        ),
     }
     return {"summary": summary, "findings": findings}
 

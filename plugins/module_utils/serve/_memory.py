@@ -48,6 +48,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._findin
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._gid_start import (
     REFUSAL_MARKER as GID_MARKER,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
+    parse_meminfo,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._admission import (
     REFUSAL_MARKER as ADMISSION_MARKER,
 )
@@ -225,14 +228,8 @@ def weights_on_disk(path: str) -> tuple[int, str]:
 
 
 def mem_total_bytes(meminfo: str) -> int:
-    """``MemTotal`` of ``/proc/meminfo`` in bytes; ValueError when there is none."""
-    for line in meminfo.splitlines():
-        key, _, rest = line.partition(":")
-        if key.strip() == "MemTotal":
-            value = rest.replace("kB", "").strip()
-            if value.isdigit():
-                return int(value) * 1024
-    raise ValueError("no MemTotal line in /proc/meminfo")
+    """``MemTotal`` of ``/proc/meminfo`` in bytes (preflight's parser); ValueError when there is none."""
+    return parse_meminfo(meminfo)["MemTotal"] * 1024
 
 
 # --- the need ---------------------------------------------------------------------------------

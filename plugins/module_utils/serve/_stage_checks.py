@@ -17,6 +17,9 @@ import math
 import os
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._systemctl import (
@@ -148,10 +151,7 @@ def _mount_digests(path: str) -> dict[str, str]:
     for name in files:
         if name != path:
             sha.update(os.path.relpath(name, path).encode() + b"\0")
-        with open(name, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                sha.update(block)
-                md5.update(block)
+        _files.hash_into(name, sha, md5)
     return {"sha256": sha.hexdigest(), "md5": md5.hexdigest()}
 
 
