@@ -14,7 +14,6 @@ No AnsibleModule here: this file is unit-tested on its own (through ``_vllm_log`
 
 from __future__ import annotations
 
-import math
 import re
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
@@ -42,23 +41,15 @@ class LogEmptyError(LogInputError):
 
 
 def count(text: str) -> int:
-    digits = text.strip().replace(",", "")
-    if not digits.isascii() or not digits.isdigit() or len(digits) > MAX_DIGITS:
-        raise NotAVllmNumber(text[:40])
-    return int(digits)
+    """A count as vLLM prints it (``1,234``): ``validate.counter`` of at most MAX_DIGITS digits."""
+    return validate.counter(
+        "vLLM count", text.replace(",", ""), max_digits=MAX_DIGITS, error=NotAVllmNumber
+    )
 
 
 def number(text: str) -> float:
-    value = text.strip()
-    if len(value) > 40:
-        raise NotAVllmNumber(value[:40])
-    try:
-        number = float(value)
-    except ValueError:
-        raise NotAVllmNumber(value) from None
-    if not math.isfinite(number):
-        raise NotAVllmNumber(value)
-    return number
+    """A number as vLLM prints it: ``validate.number`` (NaN and infinity are none)."""
+    return validate.number("vLLM number", text.strip(), error=NotAVllmNumber)
 
 
 def decode_log(data: bytes, origin: str) -> str:

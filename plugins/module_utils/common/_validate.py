@@ -553,7 +553,7 @@ def whole(
         if isinstance(value, int) and not isinstance(value, bool):
             result = value
         else:
-            as_float = number(name, value, text=text)
+            as_float = number(name, value, text=text, fix="set a whole number")
             if not as_float.is_integer():
                 raise ValidationError(
                     name, f"{shown(value)} is not a whole number", "set a whole number"

@@ -61,9 +61,10 @@ def parse_settings(text: str) -> dict[str, Any]:
 
 def sysfs_int(value: str | None) -> int | None:
     """A small decimal sysfs number such as ``mtu``; None for anything else."""
-    if not value or not value.isascii() or not value.isdigit() or len(value) > 9:
+    try:
+        return validate.counter("sysfs", value or "", max_digits=9)
+    except validate.ValidationError:
         return None
-    return int(value)
 
 
 def parse_driver(text: str) -> dict[str, Any]:

@@ -63,8 +63,11 @@ def _mtu(value: str | None) -> int | None:
     if not value:
         return None
     match = _ENUM.match(value.strip())
-    token = match.group("name") if match else value.strip()
-    return int(token) if token.isascii() and token.isdigit() and len(token) <= 9 else None
+    token = match.group("name") if match else value
+    try:
+        return validate.counter("active_mtu", token, max_digits=9)
+    except validate.ValidationError:
+        return None
 
 
 def _enum_name(value: str | None) -> str | None:

@@ -224,7 +224,7 @@ def chrony_offset(tracking: Mapping[str, str]) -> float | None:
     match = _OFFSET.match(tracking.get("System time", ""))
     if not match:
         return None
-    value = float(match.group("value"))
+    value = validate.number("chronyc tracking System time", match.group("value"))
     return value if match.group("side") == "fast" else -value
 
 
@@ -343,7 +343,10 @@ def limit_bytes(value: str | None) -> int | None:
     text = (value or "").strip().lower()
     if text in ("infinity", "unlimited", "-1"):
         return None
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else -1
+    try:
+        return validate.counter("memlock limit", text, max_digits=20)
+    except validate.ValidationError:
+        return -1
 
 
 def recipe_memlock(recipe: Mapping[str, Any]) -> tuple[str, int | None] | None:

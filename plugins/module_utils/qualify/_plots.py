@@ -99,7 +99,7 @@ def _concurrency_vs_context(report: dict[str, Any], directory: str) -> str | Non
         return None
 
     def worst(value: Any) -> float:
-        return float(value.get("worst", 0.0)) if isinstance(value, dict) else float(value)
+        return validate.number("plan option concurrency", value.get("worst", 0.0) if isinstance(value, dict) else value)
 
     figure, axis = pyplot.subplots(figsize=(7, 4))
     axis.plot(

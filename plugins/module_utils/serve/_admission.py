@@ -395,7 +395,7 @@ def _gib_argument(text: str) -> float:
 def _bytes(args: argparse.Namespace, name: str) -> int:
     gib = getattr(args, f"{name}_gib")
     value = getattr(args, f"{name}_bytes")
-    return int(gib * GIB) if gib is not None else int(value or 0)
+    return int(gib * GIB) if gib is not None else value or 0  # argparse read --*-bytes as int
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,6 @@ output; nothing here runs a command except :func:`read_unit_states` and
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
@@ -36,15 +35,12 @@ class StageCheckError(validate.Error):
 
 def judge_load(loadavg: str, ncpu: int, limit: float, host: str) -> dict[str, float]:
     """The node's 1-minute load per CPU from ``/proc/loadavg``; F5 when above ``limit``."""
-    try:
-        word = loadavg.split()[0]
-        load = float(word) if len(word) <= 40 else math.nan
-    except (IndexError, ValueError):
-        load = math.nan
-    if not math.isfinite(load) or load < 0:  # 'nan' compares as below any limit
+    try:  # 'nan' would compare as below any limit: validate.number refuses it
+        load = validate.number("/proc/loadavg", (loadavg.split() or [""])[0], minimum=0)
+    except validate.ValidationError:
         raise StageCheckError(
             f"{host}: /proc/loadavg is unreadable ({loadavg[:80]!r}); the node's load cannot be judged"
-        )
+        ) from None
     if ncpu < 1:
         raise StageCheckError(f"{host}: the node reports {ncpu} online CPUs; its load cannot be judged")
     per_cpu = load / ncpu

@@ -20,6 +20,9 @@ from typing import Any
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _files,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 
 SCHEMA = 1
 VERDICTS = ("healthy", "degraded", "wedged", "down", "unknown")
@@ -64,7 +67,7 @@ def incident(
 
 
 def _seconds(value: float | None) -> float | None:
-    return None if value is None else round(float(value), 1)
+    return None if value is None else round(validate.number("seconds", value), 1)
 
 
 def check(record: Any) -> str | None:

@@ -162,7 +162,7 @@ CASES: list[tuple[str, Callable[[Any, Any], Any], type[BaseException], str]] = [
      lambda v, t: _admission_main(v, "--reserve-gib"), SystemExit, r"^2$"),
     ("recipe lint max_model_len (kv_budget, doctor)",
      lambda v, t: recipe_max_model_len({"max_model_len": v}),
-     RecipeInputError, r"^recipe\.max_model_len must be an integer"),
+     RecipeInputError, r"^recipe\.max_model_len: .*(not a finite number|expected a number)"),
     ("recipe lint kv_offloading_size",
      lambda v, t: lint_offload({"kv_offloading_size": v}, None),
      RecipeInputError, r"^recipe\.kv_offloading_size must be GiB as a finite number"),
