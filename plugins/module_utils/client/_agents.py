@@ -27,6 +27,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._toml_w
     TomlWriteError,
     dumps,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._client_budget import (
     MIN_OUTPUT,
     WORK_ROOM,
@@ -85,7 +88,7 @@ _SAFE_PATH = re.compile(r"^/[^\s'\"$`\\;]+\Z")
 _URL = re.compile(r"^https?://[!-~]+\Z")
 
 
-class ClientConfigError(ValueError):
+class ClientConfigError(validate.InputError):
     """Bad input for a client config; the message names the variable."""
 
 

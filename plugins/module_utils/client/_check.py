@@ -42,6 +42,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._agents
     crush_reserve,
     qwen_compact_at,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
 
 # The measured reasoning_key that means the server streams no reasoning.
@@ -51,7 +54,7 @@ NO_REASONING = "none"
 def _tokens(value: Any, where: str, *, text: bool = False) -> int:
     """A positive whole number of tokens (``text``: also its decimal string, as in an env map)."""
     if text and isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
+        value = validate.counter(where, value, error=ClientConfigError)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ClientConfigError(f"{where} must be a positive number of tokens, got {value!r}")
     return value

@@ -33,6 +33,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._agents
     ClientConfigError,
     render,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.engine._token_probe import (
     _connection,
 )
@@ -63,7 +66,7 @@ _REFUSAL = json.dumps(
 _MAX_BODY = 16 * 1024 * 1024
 
 
-class FloorError(ValueError):
+class FloorError(validate.InputError):
     """A measurement that could not be made; the message names what to fix."""
 
 

@@ -25,6 +25,9 @@ import json
 import re
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._client_budget import (
     WORK_ROOM,
@@ -54,7 +57,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:[-+].*)?$")
 
 
-class OpencodeConfigError(ValueError):
+class OpencodeConfigError(validate.InputError):
     """A config or an input that cannot be used; the message names it and the fix."""
 
 

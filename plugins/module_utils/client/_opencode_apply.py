@@ -27,6 +27,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.client._openco
     parse_config,
     render,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import (
     errors,
     sentence,
@@ -44,8 +47,7 @@ def _read(path: str) -> str | None:
         raise OpencodeConfigError(
             f"{path} is larger than {MAX_BYTES} bytes: not an opencode config"
         )
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
+    return _files.read_text(path, MAX_BYTES)
 
 
 def _write(module: Any, path: str, text: str, exists: bool) -> None:

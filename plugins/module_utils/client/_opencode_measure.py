@@ -19,6 +19,10 @@ import math
 import re
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 PROMPT_COUNTER = "vllm:prompt_tokens_total"
 REQUEST_COUNTER = "vllm:request_prompt_tokens_count"
 DELTA_KEYS = ("content", "reasoning", "reasoning_content")
@@ -28,7 +32,7 @@ _SAMPLE = re.compile(
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
-class MeasureError(ValueError):
+class MeasureError(validate.InputError):
     """A measurement that cannot be trusted; the message says what was seen and what to do."""
 
 

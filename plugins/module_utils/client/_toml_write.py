@@ -15,10 +15,14 @@ import math
 import re
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-class TomlWriteError(ValueError):
+class TomlWriteError(validate.InputError):
     """A value TOML cannot hold as this writer writes it."""
 
 

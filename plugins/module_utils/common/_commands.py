@@ -24,13 +24,17 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 C_LOCALE = {"LC_ALL": "C", "LANG": "C", "LANGUAGE": "C"}
 DEFAULT_TIMEOUT = 30.0
 # How long a killed process gets to disappear before it is left behind.
 KILL_GRACE = 2.0
 
 
-class CommandError(Exception):
+class CommandError(validate.Error):
     """A command could not be run or did not finish; the message says which and why."""
 
 

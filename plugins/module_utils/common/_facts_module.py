@@ -18,6 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
@@ -25,7 +28,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
 )
 
 
-class Absent(Exception):
+class Absent(validate.Error):
     """What the module reads is not on this node (no tool, no driver, no device); says why."""
 
 

@@ -14,8 +14,11 @@ No AnsibleModule here: this file is unit-tested on its own (through ``_vllm_log`
 
 from __future__ import annotations
 
-import math
 import re
+
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 
 # Longer numbers are no count vLLM prints; they are garbage, and int() of thousands
 # of digits raises ValueError (or hangs), float() of them gives inf.
@@ -25,11 +28,11 @@ MAX_DIGITS = 18
 MAX_LINE = 65536
 
 
-class NotAVllmNumber(ValueError):
+class NotAVllmNumber(validate.InputError):
     """A line matched a pattern but its number is no number vLLM prints."""
 
 
-class LogInputError(ValueError):
+class LogInputError(validate.InputError):
     """The log cannot be read as text, or is empty; the message names the source."""
 
 
@@ -38,23 +41,15 @@ class LogEmptyError(LogInputError):
 
 
 def count(text: str) -> int:
-    digits = text.strip().replace(",", "")
-    if not digits.isascii() or not digits.isdigit() or len(digits) > MAX_DIGITS:
-        raise NotAVllmNumber(text[:40])
-    return int(digits)
+    """A count as vLLM prints it (``1,234``): ``validate.counter`` of at most MAX_DIGITS digits."""
+    return validate.counter(
+        "vLLM count", text.replace(",", ""), max_digits=MAX_DIGITS, error=NotAVllmNumber
+    )
 
 
 def number(text: str) -> float:
-    value = text.strip()
-    if len(value) > 40:
-        raise NotAVllmNumber(value[:40])
-    try:
-        number = float(value)
-    except ValueError:
-        raise NotAVllmNumber(value) from None
-    if not math.isfinite(number):
-        raise NotAVllmNumber(value)
-    return number
+    """A number as vLLM prints it: ``validate.number`` (NaN and infinity are none)."""
+    return validate.number("vLLM number", text.strip(), error=NotAVllmNumber)
 
 
 def decode_log(data: bytes, origin: str) -> str:

@@ -17,12 +17,21 @@ import os
 import re
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 MANIFEST_FORMAT = "localinference.vllm/weights-manifest-v1"
 MANIFEST_DIR = "localinference-manifests"
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+# A manifest lists a snapshot's files; a larger file is not one.
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 
 
-class ManifestError(Exception):
+class ManifestError(validate.Error):
     """A manifest cannot be read or a snapshot cannot be listed."""
 
 
@@ -36,11 +45,10 @@ def default_manifest_path(snapshot: str) -> str:
 
 def load_manifest(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+        data = json.loads(_files.read_bytes(path, MAX_MANIFEST_BYTES, whole=True))
     except FileNotFoundError:
         raise ManifestError(f"manifest {path} does not exist") from None
-    except (OSError, ValueError, RecursionError) as exc:
+    except (OSError, OverflowError, ValueError, RecursionError) as exc:
         raise ManifestError(f"manifest {path} cannot be read: {exc}") from None
     return validate_manifest(data, path)
 

@@ -20,6 +20,9 @@ import re
 import tempfile
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
@@ -51,8 +54,7 @@ def _read(path: str) -> bytes | None:
         raise StageResultError(f"{path} is not a regular file; remove it and re-run the stage")
     if os.path.getsize(path) > MAX_BYTES:
         raise StageResultError(f"{path} is larger than {MAX_BYTES} bytes: not a saved result")
-    with open(path, "rb") as handle:
-        return handle.read()
+    return _files.read_bytes(path, MAX_BYTES)  # bounded, should it grow after the check
 
 
 def _write(module: Any, path: str, text: str) -> None:
@@ -69,9 +71,7 @@ def _file_digest(path: str) -> str | None:
     if not os.path.isfile(path):
         return None
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1024 * 1024), b""):
-            digest.update(block)
+    _files.hash_into(path, digest)
     return digest.hexdigest()
 
 
@@ -138,8 +138,7 @@ def _secrets_differ(secrets: list[dict[str, str]]) -> list[str]:
     for secret in secrets:
         path = secret["path"]
         try:
-            with open(path, "rb") as handle:
-                held = handle.read(MAX_BYTES)
+            held = _files.read_bytes(path, MAX_BYTES)
         except OSError:
             held = None
         if held is None or held.removesuffix(b"\n") != secret["content"].removesuffix("\n").encode("utf-8"):

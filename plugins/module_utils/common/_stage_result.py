@@ -22,12 +22,16 @@ import math
 import re
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 SCHEMA = 1
 STAGES = ("preflight", "fabric", "plan", "weights", "ingress", "client", "qualify", "site")
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 
 
-class StageResultError(Exception):
+class StageResultError(validate.Error):
     """A saved result that cannot be trusted (message says what and how to fix it)."""
 
 

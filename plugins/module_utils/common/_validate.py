@@ -11,9 +11,15 @@ offending character (``'\\n' at position 17``) or value, and the fix.
 Kinds: :func:`text` (one line of printable text), :func:`systemd_value` (written
 raw after ``Key=`` in a unit file), :func:`image_reference`, :func:`path`,
 :func:`device`, :func:`interface_name`, :func:`unit_name`, :func:`host`,
-:func:`env_name`, :func:`env_value`, :func:`port`, :func:`integer`, :func:`number`,
-:func:`size`; :func:`existing_directory` also looks at the node (a path option that
-must be a directory); :func:`table_errors` checks a role's table of inputs with them.
+:func:`env_name`, :func:`env_value`, :func:`port`, :func:`size`; numbers: :func:`integer`,
+:func:`number`, :func:`whole` (a count that may come as a float), :func:`counter` (a kernel's
+or a tool's digits) and :func:`finite` (a figure a program wrote, or None; never raises);
+:func:`existing_directory` also looks at the node (a path option that must be a directory);
+:func:`table_errors` checks a role's table of inputs with them.
+
+Every number read from outside goes through one of these (tests/unit/test_one_validator.py):
+``float('nan')`` compares false with every limit, so a hand-written ``value > limit`` lets it
+through.  A stage that wants its own error type passes ``error=`` instead of wrapping.
 
 ``%`` (systemd specifiers) and ``$`` (variable expansion): systemd expands
 ``%h``, ``%n``... in most settings and ``$VAR`` in command lines.  Words of a
@@ -33,6 +39,8 @@ import math
 import os
 import re
 import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 # Longest free-text value (one argv word, one environment value) accepted.
@@ -84,7 +92,22 @@ _CDI_DEVICE = re.compile(rf"{_CDI_PART}/{_CDI_PART}=[A-Za-z0-9](?:[A-Za-z0-9_.:-
 _DEVICE_PERMISSIONS = re.compile(r"(?!.*(.).*\1)[rwm]{1,3}")
 
 
-class ValidationError(ValueError):
+class Error(Exception):
+    """The collection's one error type: every error of plugins/module_utils derives from it.
+
+    Its message says what failed (the variable, the file or the command) and the fix, so a
+    module or a node program can catch this one type and show ``str()``.  A stage keeps its
+    own subclass (``PreflightInputError``...) where a caller must tell errors apart; an error
+    that was a ValueError or a RuntimeError stays one too (:class:`InputError`), so every
+    ``except`` written before this base existed catches what it caught.
+    """
+
+
+class InputError(Error, ValueError):
+    """A value that cannot be used (an option, a fact, a file's text); the message names it."""
+
+
+class ValidationError(InputError):
     """A value that must not reach a unit file, a command line or a path.
 
     ``name`` is the variable (``vllm_recipe.served_model_name``), ``problem``
@@ -427,25 +450,30 @@ def env_value(name: str, value: Any) -> str:
 
 
 def integer(
-    name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    error: type[Exception] = ValidationError,
+    fix: str | None = None,
 ) -> int:
-    """A whole number in ``[minimum, maximum]``; ``"4_096"`` reads as 4096, ``True`` does not."""
-    number: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, str) and len(value) <= 40 and _INTEGER.fullmatch(value.strip()):
-        number = int(value.strip().replace("_", ""))
-    if number is None:
-        raise ValidationError(
-            name, f"expected an integer, got {shown(value)}", "set a whole number"
-        )
-    if minimum is not None and number < minimum:
-        raise ValidationError(
-            name, f"{shown(number)} is below {minimum}", f"set at least {minimum}"
-        )
-    if maximum is not None and number > maximum:
-        raise ValidationError(name, f"{shown(number)} is above {maximum}", f"set at most {maximum}")
-    return number
+    """A whole number in ``[minimum, maximum]``; ``"4_096"`` reads as 4096, ``True`` and 4096.0 do not.
+
+    ``error`` and ``fix``: see :func:`number`.
+    """
+    with _raising(error, fix):
+        result: int | None = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            result = value
+        elif isinstance(value, str) and len(value) <= 40 and _INTEGER.fullmatch(value.strip()):
+            result = int(value.strip().replace("_", ""))
+        if result is None:
+            raise ValidationError(
+                name, f"expected an integer, got {shown(value)}", "set a whole number"
+            )
+        _check_range(name, result, minimum, maximum)
+    return result
 
 
 def port(name: str, value: Any) -> int:
@@ -460,32 +488,153 @@ def number(
     minimum: float | None = None,
     maximum: float | None = None,
     above: float | None = None,
+    error: type[Exception] = ValidationError,
+    fix: str | None = None,
+    text: bool = True,
 ) -> float:
-    """A finite number in range (``above`` is an exclusive minimum); NaN and inf are refused."""
-    result: float | None = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            result = float(value)
-        except OverflowError:
-            result = math.inf
-    elif isinstance(value, str) and len(value) <= 64:
-        try:
-            result = float(value.replace("_", ""))
-        except ValueError:
-            result = None
-    if result is None:
-        raise ValidationError(name, f"expected a number, got {shown(value)}", "set a number")
+    """A finite number in range (``above`` is an exclusive minimum); NaN and inf are refused.
+
+    An int, a float or its text (``-e x=0.5`` arrives as text); never a bool.  ``error`` is the
+    type raised (a stage's own, such as ``PreflightInputError``, so its callers' ``except`` need
+    not change): a :class:`ValidationError` subclass gets name, problem and fix, any other type
+    the joined message.  ``fix`` replaces the generic fix (``set a fraction such as 0.85``).
+    ``text=False`` refuses text: a value that must be a number in the document it came from
+    (an opencode config, the watchdog's JSON), where ``"4096"`` is a bug of its writer.
+    """
+    with _raising(error, fix):
+        result: float | None = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                result = float(value)
+            except OverflowError:
+                result = math.inf
+        elif isinstance(value, str) and text and len(value) <= 64:
+            try:
+                result = float(value.replace("_", ""))
+            except ValueError:
+                result = None
+        if result is None:
+            raise ValidationError(name, f"expected a number, got {shown(value)}", "set a number")
+        if not math.isfinite(result):
+            raise ValidationError(
+                name, f"{shown(value)} is not a finite number", "set a finite number"
+            )
+        if above is not None and result <= above:
+            raise ValidationError(
+                name, f"{shown(value)} is not above {above}", f"set more than {above}"
+            )
+        _check_range(name, result, minimum, maximum, value)
+    return result
+
+
+# The largest whole number a float holds exactly: a "whole" float beyond it may be rounded.
+MAX_EXACT = 2**53
+
+
+def whole(
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    error: type[Exception] = ValidationError,
+    fix: str | None = None,
+    text: bool = True,
+) -> int:
+    """A whole number that may arrive as a float or text (``4096``, ``4096.0``, ``'4096'``).
+
+    YAML, JSON and Jinja give either, so a count read from them is checked here: an int is
+    taken exactly; anything else is read by :func:`number` (NaN and infinity refused) and must
+    have no fraction (``4096.5`` is refused, never truncated).  Either must be below 2**53:
+    beyond, a float is not exact and no count this collection reads is that large.
+    ``error``, ``fix`` and ``text``: see :func:`number`.
+    """
+    with _raising(error, fix):
+        if isinstance(value, int) and not isinstance(value, bool):
+            result = value
+        else:
+            as_float = number(name, value, text=text, fix="set a whole number")
+            if not as_float.is_integer():
+                raise ValidationError(
+                    name, f"{shown(value)} is not a whole number", "set a whole number"
+                )
+            result = int(as_float)
+        if abs(result) >= MAX_EXACT:
+            raise ValidationError(
+                name, f"{shown(value)} is 2**53 or more, too large for a count", "set a smaller number"
+            )
+        _check_range(name, result, minimum, maximum, value)
+    return result
+
+
+def counter(
+    name: str,
+    text: str,
+    *,
+    max_digits: int = 19,
+    error: type[Exception] = ValidationError,
+    fix: str = "expected decimal digits, as the kernel or the tool prints them",
+) -> int:
+    """A count a kernel or a tool printed (``/proc``, sysfs, nvidia-smi): ASCII digits only.
+
+    Surrounding whitespace is ignored; a sign, a ``_``, a fraction, non-ASCII digits and more
+    than ``max_digits`` digits (19: 2**63 has 19) are refused: such text is garbage, not a
+    counter.  ``error``: see :func:`number`.
+    """
+    with _raising(error, None):
+        value = text.strip() if isinstance(text, str) else ""
+        if not value.isascii() or not value.isdigit():
+            raise ValidationError(name, f"{shown(value[:40] if value else text)} is not a number", fix)
+        if len(value) > max_digits:
+            raise ValidationError(
+                name, f"{value[:40]}... has {len(value)} digits, more than {max_digits}", fix
+            )
+    return int(value)
+
+
+def finite(
+    value: Any, *, minimum: float | None = None, above: float | None = None
+) -> float | None:
+    """``value`` as a float when it is a real, finite number in range; None otherwise.
+
+    For figures a program wrote (a saved result, a measurement, a JSON document): an int or a
+    float, never a bool or text; NaN, infinity or out of range means "no figure", not an error.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        result = float(value)
+    except OverflowError:
+        return None
     if not math.isfinite(result):
-        raise ValidationError(name, f"{shown(value)} is not a finite number", "set a finite number")
-    if above is not None and result <= above:
-        raise ValidationError(
-            name, f"{shown(value)} is not above {above}", f"set more than {above}"
-        )
+        return None
+    if (minimum is not None and result < minimum) or (above is not None and result <= above):
+        return None
+    return result
+
+
+def _check_range(
+    name: str, result: float, minimum: float | None, maximum: float | None, given: Any = None
+) -> None:
+    value = result if given is None else given
     if minimum is not None and result < minimum:
         raise ValidationError(name, f"{shown(value)} is below {minimum}", f"set at least {minimum}")
     if maximum is not None and result > maximum:
         raise ValidationError(name, f"{shown(value)} is above {maximum}", f"set at most {maximum}")
-    return result
+
+
+@contextmanager
+def _raising(error: type[Exception], fix: str | None) -> Iterator[None]:
+    """A ValidationError raised inside, as ``error`` (with ``fix`` when given)."""
+    try:
+        yield
+    except ValidationError as exc:
+        found_fix = fix or exc.fix
+        if issubclass(error, ValidationError):
+            if type(exc) is error and fix is None:
+                raise
+            raise error(exc.name, exc.problem, found_fix) from None
+        raise error(f"{exc.name}: {exc.problem}; {found_fix}") from None
 
 
 def size(name: str, value: Any) -> str:

@@ -18,6 +18,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     StageResultError,
     check_document,
@@ -100,8 +103,10 @@ class Unit:
         return self.properties.get(key, "")
 
     def number(self, key: str) -> int | None:
-        value = self.get(key)
-        return int(value) if value.isdigit() else None
+        try:
+            return validate.counter(key, self.get(key))
+        except validate.ValidationError:
+            return None
 
     def line(self) -> str:
         shown = ("ActiveState", "SubState", "Result", "ExecMainStatus", "NRestarts", "Restart")

@@ -19,6 +19,9 @@ import stat
 import time
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
@@ -85,8 +88,7 @@ def _links() -> dict[str, dict[str, Any]]:
         for key in LINK_FILES:
             path = os.path.join(SYS_CLASS_NET, name, key)
             try:
-                with open(path, encoding="ascii", errors="replace") as handle:
-                    entry[key] = handle.read(64).strip()
+                entry[key] = _files.read_text(path, 64, errors="replace").strip()
             except OSError as exc:
                 entry[key] = None
                 entry["error"] = entry["error"] or f"{path}: {exc.strerror}"

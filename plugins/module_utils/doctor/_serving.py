@@ -25,9 +25,11 @@ No AnsibleModule and no HTTP here: unit-tested through tests/unit/plugins/module
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import text_table
 from ansible_collections.localinference.vllm.plugins.module_utils.doctor._context import (
     Doctor,
@@ -115,11 +117,6 @@ def probe_targets(gathered: Any, key_path: Any = KEY_PATH, host: str = "head") -
 # --- judged -----------------------------------------------------------------------------
 
 
-def _number(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
-
-
 def _probes(d: Doctor, token: dict[str, Any]) -> list[dict[str, Any]]:
     raw = token.get("probes")
     probes = [p for p in raw if isinstance(p, dict)] if isinstance(raw, list) else []
@@ -139,7 +136,7 @@ def _shown(probe: dict[str, Any], deadline: float | None) -> str:
     """One probe as evidence: which, where, how long it waited, what /health said."""
     name = str(probe.get("name") or "probe")
     url = clip(probe.get("url") or "?", 120)
-    waited = _number(probe.get("waited_s"))
+    waited = validate.finite(probe.get("waited_s"))
     health = probe.get("health_status")
     said = (
         f"/health {health}"
@@ -147,7 +144,7 @@ def _shown(probe: dict[str, Any], deadline: float | None) -> str:
         else f"/health did not answer ({clip(probe.get('health_error') or 'no answer', 80)})"
     )
     if probe.get("ok") is True:
-        ttft = _number(probe.get("ttft_s"))
+        ttft = validate.finite(probe.get("ttft_s"))
         return f"{name} {url}: first token in {ttft if ttft is not None else '?'} s; {said}"
     if probe.get("timeout"):
         limit = deadline if deadline is not None else waited
@@ -164,7 +161,7 @@ def token_summary(d: Doctor) -> str | None:
     token = d.live.get("token")
     if not isinstance(token, dict):
         return None
-    deadline = _number(token.get("deadline_s"))
+    deadline = validate.finite(token.get("deadline_s"))
     probes = [p for p in token.get("probes") or [] if isinstance(p, dict)]
     if not probes:
         return "TOKEN: not probed (" + clip(token.get("key_error") or "no target", 200) + ")"
@@ -195,7 +192,7 @@ def check_f28(d: Doctor) -> None:
             "run the doctor playbook of the collection",
         )
         return
-    deadline = _number(token.get("deadline_s"))
+    deadline = validate.finite(token.get("deadline_s"))
     if token.get("key_error"):
         d.add(
             "evidence",

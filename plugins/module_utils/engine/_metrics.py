@@ -33,6 +33,9 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._log_text import (
     clean_line,
 )
@@ -75,7 +78,7 @@ COUNTER_KEYS = (
 )
 
 
-class MetricsError(ValueError):
+class MetricsError(validate.InputError):
     """``/metrics`` text that cannot be read; the message says what and the fix."""
 
 

@@ -14,6 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 # Delta keys that carry generated text: vLLM 0.32 sends ``reasoning``; older
 # builds and other servers ``reasoning_content`` (F7).
 TEXT_KEYS = ("content", "reasoning", "reasoning_content")
@@ -44,7 +48,7 @@ def sse_token(line: str) -> dict[str, Any] | None:
     return None
 
 
-class SseError(ValueError):
+class SseError(validate.InputError):
     """The stream is not server-sent events."""
 
 

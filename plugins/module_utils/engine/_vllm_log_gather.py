@@ -19,6 +19,9 @@ import os
 import platform
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     Runner,
 )
@@ -88,8 +91,7 @@ def read_text(module: Any, runner: Runner) -> str:
                     msg=f"path {params['path']} is larger than {MAX_LOG_BYTES} bytes: read the boot"
                     " you need with unit and since instead"
                 )
-            with open(params["path"], "rb") as handle:
-                text = decode_log(handle.read(), origin)
+            text = decode_log(_files.read_bytes(params["path"], MAX_LOG_BYTES), origin)
         except OSError as exc:
             module.fail_json(msg=f"path {params['path']} cannot be read: {exc}")
         check_log_text(text, origin)

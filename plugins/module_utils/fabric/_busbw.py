@@ -24,6 +24,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
 
 GATE_ID = "busbw"
@@ -51,7 +54,7 @@ _FAILURE = re.compile(
 )
 
 
-class BusbwParseError(ValueError):
+class BusbwParseError(validate.InputError):
     """The text is not a complete all_reduce_perf run; the message says what is missing."""
 
 

@@ -7,10 +7,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 _SPEED = re.compile(r"^(?P<value>\d{1,9})\s*(?P<unit>[MG])b/s$")
 
 
-class EthtoolParseError(ValueError):
+class EthtoolParseError(validate.InputError):
     """The text is not ethtool output."""
 
 
@@ -55,21 +59,12 @@ def parse_settings(text: str) -> dict[str, Any]:
     }
 
 
-def sysfs_text(data: bytes) -> str | None:
-    """A sysfs attribute's text; None when it is not text (NUL bytes or not ASCII)."""
-    if b"\x00" in data:
-        return None
-    try:
-        return data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        return None
-
-
 def sysfs_int(value: str | None) -> int | None:
     """A small decimal sysfs number such as ``mtu``; None for anything else."""
-    if not value or not value.isascii() or not value.isdigit() or len(value) > 9:
+    try:
+        return validate.counter("sysfs", value or "", max_digits=9)
+    except validate.ValidationError:
         return None
-    return int(value)
 
 
 def parse_driver(text: str) -> dict[str, Any]:

@@ -15,6 +15,9 @@ import os
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
@@ -29,18 +32,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.fabric._ethtoo
     parse_driver,
     parse_settings,
     sysfs_int,
-    sysfs_text,
 )
 
 HINT = "the NIC driver may be stuck (see 'dmesg'); raise timeout only if ethtool is merely slow"
-
-
-def _sys(path: str) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            return sysfs_text(handle.read(4096))
-    except (OSError, ValueError):
-        return None
 
 
 def facts(module: Any, runner: Runner) -> dict:
@@ -88,8 +82,8 @@ def facts(module: Any, runner: Runner) -> dict:
             )
         except EthtoolParseError as exc:
             module.fail_json(msg=f"Could not parse ethtool output for {name}: {exc}")
-        entry["mtu"] = sysfs_int(_sys(os.path.join(net, name, "mtu")))
-        entry["operstate"] = _sys(os.path.join(net, name, "operstate"))
-        entry["mac_address"] = _sys(os.path.join(net, name, "address"))
+        entry["mtu"] = sysfs_int(_files.read_sysfs(os.path.join(net, name, "mtu")))
+        entry["operstate"] = _files.read_sysfs(os.path.join(net, name, "operstate"))
+        entry["mac_address"] = _files.read_sysfs(os.path.join(net, name, "address"))
         facts[name] = entry
     return facts

@@ -59,7 +59,7 @@ MAX_PORT = 255
 MAX_INDEX = 4096
 
 
-class GidStartError(Exception):
+class GidStartError(validate.Error):
     """The table holds no usable entry: the start is refused with this text."""
 
 

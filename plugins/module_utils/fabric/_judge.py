@@ -25,6 +25,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ansible.module_utils.parsing.convert_bool import boolean
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import (
     errors,
     finding,
@@ -52,21 +55,11 @@ INPUT_KEYS = (
 )
 
 
-class FabricInputError(ValueError):
+class FabricInputError(validate.InputError):
     """A configuration value the judgement cannot use; the message names the variable."""
 
 
 # --------------------------------------------------------------------------- configuration
-
-
-def _integer(settings: Mapping[str, Any], key: str) -> int:
-    value = settings.get(key)
-    if value is None or isinstance(value, bool):
-        raise FabricInputError(f"cluster_network_{key} must be an integer, got {value!r}")
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise FabricInputError(f"cluster_network_{key} must be an integer, got {value!r}") from None
 
 
 def _flag(settings: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -106,11 +99,11 @@ def config(settings: Mapping[str, Any]) -> dict[str, Any]:
         raise FabricInputError(f"cluster_network_ib_hcas must be a list of HCA names, got {hcas!r}")
     return {
         "interfaces": _interfaces(settings.get("interfaces")),
-        "mtu": _integer(settings, "mtu"),
-        "expected_speed_mbps": _integer(settings, "expected_speed_mbps"),
+        "mtu": validate.integer("cluster_network_mtu", settings.get("mtu"), error=FabricInputError),
+        "expected_speed_mbps": validate.integer("cluster_network_expected_speed_mbps", settings.get("expected_speed_mbps"), error=FabricInputError),
         "connection_prefix": str(settings.get("connection_prefix") or ""),
         "rdma_required": _flag(settings, "rdma_required", True),
-        "rdma_active_mtu": _integer(settings, "rdma_active_mtu"),
+        "rdma_active_mtu": validate.integer("cluster_network_rdma_active_mtu", settings.get("rdma_active_mtu"), error=FabricInputError),
         "rdma_sys_root": str(settings.get("rdma_sys_root") or "/sys"),
         "ib_hcas": list(hcas),
         "verify": _flag(settings, "verify", True),

@@ -16,6 +16,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
     text,
@@ -30,7 +33,7 @@ ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 MAX_DEVICE_NAME = 63
 
 
-class RdmaParseError(ValueError):
+class RdmaParseError(validate.InputError):
     """The text is not ibv_devinfo/show_gids output."""
 
 
@@ -60,8 +63,11 @@ def _mtu(value: str | None) -> int | None:
     if not value:
         return None
     match = _ENUM.match(value.strip())
-    token = match.group("name") if match else value.strip()
-    return int(token) if token.isascii() and token.isdigit() and len(token) <= 9 else None
+    token = match.group("name") if match else value
+    try:
+        return validate.counter("active_mtu", token, max_digits=9)
+    except validate.ValidationError:
+        return None
 
 
 def _enum_name(value: str | None) -> str | None:

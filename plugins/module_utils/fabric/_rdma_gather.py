@@ -17,6 +17,9 @@ import os
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
@@ -43,14 +46,6 @@ HINT = (
     "the RDMA driver or rdma-core may be stuck (see 'dmesg' and 'rdma link'); raise timeout only"
     " if the command is merely slow"
 )
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as handle:
-            return handle.read(4096).strip()
-    except (OSError, ValueError):
-        return None
 
 
 def _valid_netdev(name: str | None) -> str | None:
@@ -109,7 +104,7 @@ def _resolve_ports(module: Any, runner: Runner, sys_root: str, devices: dict) ->
         fallback_netdev = _sysfs_netdev(sys_root, hca)
         for number, port in device["ports"].items():
             port_dir = os.path.join(sys_root, "class", "infiniband", hca, "ports", number)
-            sysfs = gid_table(read_sysfs_gids(port_dir, _read, _valid_netdev))
+            sysfs = gid_table(read_sysfs_gids(port_dir, _files.read_sysfs, _valid_netdev))
             if sysfs:
                 port["gids"] = sysfs
                 port["gid_source"] = "sysfs"

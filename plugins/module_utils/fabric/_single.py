@@ -26,6 +26,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 SINGLE_HOST_LINK = "single host: no cluster link"
 LOOPBACK = "127.0.0.1"
 LOOPBACK_INTERFACE = "lo"
@@ -37,7 +41,7 @@ LOOPBACK_ENV = {
 }
 
 
-class SingleHostInputError(ValueError):
+class SingleHostInputError(validate.InputError):
     """A value the single-host verdict cannot use; the message names it."""
 
 

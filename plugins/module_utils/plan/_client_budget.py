@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
 
 WORK_ROOM = 10240
@@ -33,8 +36,12 @@ AUTO_OUTPUT_CAP = 16384
 STEP = 1024
 
 
-class ClientInputError(ValueError):
+class ClientInputError(validate.InputError):
     """Bad client input; the message names the option."""
+
+
+# A client limit: a whole, non-negative number of tokens, as a number in opencode's config.
+TOKENS = {"minimum": 0, "error": ClientInputError, "text": False, "fix": "set a whole number of tokens (0 or more)"}
 
 
 def _output_too_large(output: int, context: int) -> str:
@@ -43,24 +50,6 @@ def _output_too_large(output: int, context: int) -> str:
         f" {context - output} (I = L - O); lower output_tokens below {context} or raise"
         " max_model_len (F8)"
     )
-
-
-def _count(value: Any, name: str) -> int:
-    """A client limit: a whole, non-negative number of tokens."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value != value  # NaN
-        or value in (float("inf"), float("-inf"))
-        or value < 0
-        or value != int(value)
-        or value >= 2**53
-    ):
-        shown = repr(value)
-        raise ClientInputError(
-            f"{name} must be a whole number of tokens (0 or more), got {shown[:60]}"
-        )
-    return int(value)
 
 
 def default_reserved(output: int) -> int:
@@ -195,14 +184,14 @@ def _client_limits(limits: Any) -> tuple[int, int, int | None, int | None]:
         raise ClientInputError(
             "client_limits needs context and output (opencode's limit.context and limit.output)"
         )
-    context = _count(context, "client_limits.context")
-    output = _count(output, "client_limits.output")
+    context = validate.whole("client_limits.context", context, **TOKENS)
+    output = validate.whole("client_limits.output", output, **TOKENS)
     input_limit = limits.get("input")
     reserved = limits.get("reserved")
     if input_limit is not None:
-        input_limit = _count(input_limit, "client_limits.input")
+        input_limit = validate.whole("client_limits.input", input_limit, **TOKENS)
     if reserved is not None:
-        reserved = _count(reserved, "client_limits.reserved")
+        reserved = validate.whole("client_limits.reserved", reserved, **TOKENS)
     return context, output, input_limit, reserved
 
 

@@ -8,44 +8,28 @@ Part of the KV model (``_kv_model``, which re-exports these names); no AnsibleMo
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any
+
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 
 # Where an observation comes from: a boot that reported its KV cache, or the
 # calibration points of a start that failed for lack of KV (vllm_log_facts).
 SOURCES = ("boot", "error_report")
 
 
-class KvInputError(ValueError):
+class KvInputError(validate.InputError):
     """Bad input; the message names the option and the fix."""
 
 
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:60] + "..."
-
-
-def _number(value: Any, name: str, minimum: float = 0.0, strict: bool = False) -> float:
-    if isinstance(value, bool) or value is None:
-        raise KvInputError(f"{name} must be a number, got {_shown(value)}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise KvInputError(f"{name} must be a finite number, got {_shown(value)}") from None
-    if not math.isfinite(number):
-        raise KvInputError(f"{name} must be a finite number, got {_shown(value)}")
-    if number < minimum or (strict and number <= minimum):
-        relation = "greater than" if strict else "at least"
-        raise KvInputError(f"{name} must be {relation} {minimum:g}, got {_shown(value)}")
-    return number
-
-
-def _whole(value: Any, name: str, minimum: int = 1) -> int:
-    number = _number(value, name, minimum)
-    if number != int(number) or number >= 2**53:
-        raise KvInputError(f"{name} must be a whole number below 2**53, got {_shown(value)}")
-    return int(number)
 
 
 def normalise_observations(raw: list[Any], name: str = "observations") -> list[dict[str, Any]]:
@@ -64,15 +48,15 @@ def normalise_observations(raw: list[Any], name: str = "observations") -> list[d
                     " kv_tokens as vLLM reported them (see vllm_log_facts)"
                 )
         entry = dict(item)
-        entry["max_model_len"] = _whole(item["max_model_len"], f"{where}.max_model_len")
-        entry["kv_tokens"] = _whole(item["kv_tokens"], f"{where}.kv_tokens")
+        for key in ("max_model_len", "kv_tokens"):
+            entry[key] = validate.whole(f"{where}.{key}", item[key], minimum=1, error=KvInputError)
         for key in ("recipe_hash", "calibration"):
             value = item.get(key)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise KvInputError(f"{where}.{key} must be a non-empty string, got {_shown(value)}")
         for key in ("kv_memory_gib", "available_kv_gib"):
             if item.get(key) is not None:
-                entry[key] = _number(item[key], f"{where}.{key}", 0.0, strict=True)
+                entry[key] = validate.number(f"{where}.{key}", item[key], above=0, error=KvInputError)
         for key in ("constant_per_token", "memory_observed"):
             if item.get(key) is not None and not isinstance(item[key], bool):
                 raise KvInputError(f"{where}.{key} must be true or false, got {_shown(item[key])}")
@@ -89,12 +73,12 @@ def read_observations_file(path: str | None) -> list[Any]:
     if not path or not os.path.lexists(path):
         return []
     fix = "move it aside and let the next rollout record a boot again"
-    if not os.path.isfile(path) or os.path.getsize(path) > 64 * 1024 * 1024:
+    limit = 64 * 1024 * 1024
+    if not os.path.isfile(path) or os.path.getsize(path) > limit:
         raise KvInputError(f"observations_path {path} is not a regular observation file; {fix}")
     try:
-        with open(path, "rb") as handle:
-            data = json.loads(handle.read().decode("utf-8"), parse_constant=_no_constant)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        data = json.loads(_files.read_bytes(path, limit, whole=True).decode("utf-8"), parse_constant=_no_constant)
+    except (OSError, OverflowError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise KvInputError(f"observations_path {path} is not a JSON list ({exc}); {fix}") from None
     if not isinstance(data, list):
         raise KvInputError(

@@ -32,6 +32,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_calibration import (  # noqa: F401 (re-exported)
     CALIBRATION_KEYS,
     calibration_key,
@@ -40,9 +43,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_calib
 from ansible_collections.localinference.vllm.plugins.module_utils.plan._kv_input import (  # noqa: F401 (re-exported)
     SOURCES,
     KvInputError,
-    _number,
     _shown,
-    _whole,
     normalise_observations,
 )
 
@@ -393,13 +394,15 @@ def _check_plan_options(
     memory_source: str,
 ) -> None:
     """Refuse options no plan can be made from, each by its name."""
-    _number(min_concurrency, "min_concurrency", 0.0, strict=True)
+    validate.number("min_concurrency", min_concurrency, above=0, error=KvInputError)
     if preferred_concurrency is not None:
-        _number(preferred_concurrency, "preferred_concurrency", 0.0, strict=True)
+        validate.number(
+            "preferred_concurrency", preferred_concurrency, above=0, error=KvInputError
+        )
     if isinstance(granularity, bool) or not isinstance(granularity, int) or granularity < 1:
         raise KvInputError(f"granularity must be a positive integer, got {_shown(granularity)}")
     if model_max_len is not None:
-        _whole(model_max_len, "model_max_len", 0)
+        validate.whole("model_max_len", model_max_len, minimum=0, error=KvInputError)
         if model_max_len < granularity:
             raise KvInputError(
                 f"model_max_len {model_max_len} is below granularity {granularity}: no context"
@@ -407,10 +410,10 @@ def _check_plan_options(
                 " check model_max_len (max_position_embeddings)"
             )
     if available_kv_gib is not None:
-        _number(available_kv_gib, memory_source, 0.0, strict=True)
+        validate.number(memory_source, available_kv_gib, above=0, error=KvInputError)
     if per_token_kib is not None:
-        _number(per_token_kib, "per_token_kib", 0.0, strict=True)
-    _number(min_length, "min_length", 0.0)
+        validate.number("per_token_kib", per_token_kib, above=0, error=KvInputError)
+    validate.number("min_length", min_length, minimum=0, error=KvInputError)
 
 
 def plan_kv(

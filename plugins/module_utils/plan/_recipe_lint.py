@@ -26,7 +26,7 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNLIMITED = ("unlimited", "infinity", "-1")
 
 
-class RecipeInputError(ValueError):
+class RecipeInputError(validate.InputError):
     """A recipe or host_limits value has the wrong type; the message names it."""
 
 
@@ -72,12 +72,7 @@ def _int(recipe: dict[str, Any], key: str) -> int | None:
     value = recipe.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise RecipeInputError(f"recipe.{key} must be an integer, got {value!r}")
-    try:
-        return int(value)  # int(nan) is a ValueError, int(inf) an OverflowError
-    except (ValueError, OverflowError) as exc:
-        raise RecipeInputError(f"recipe.{key} must be an integer, got {value!r}") from exc
+    return validate.whole(f"recipe.{key}", value, error=RecipeInputError)
 
 
 def _truthy(value: Any) -> bool:

@@ -14,6 +14,10 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 QUERY_FIELDS = (
     "index",
     "name",
@@ -37,19 +41,13 @@ _TABLE_GPU_ROW = re.compile(
 _TABLE_MEMORY = re.compile(r"\|\s*(?P<used>\d+)MiB\s*/\s*(?P<total>\d+)MiB\s*\|")
 
 
-class NvidiaSmiParseError(ValueError):
+class NvidiaSmiParseError(validate.InputError):
     """The text is not the nvidia-smi output we asked for."""
 
 
 # No GPU index or MiB count needs more digits; a longer number is garbage.
 MAX_DIGITS = 12
-
-
-def _int(value: str, what: str) -> int:
-    text = value.strip()
-    if not text.isascii() or not text.isdigit() or len(text) > MAX_DIGITS:
-        raise NvidiaSmiParseError(f"unexpected {what} {text[:40]!r}")
-    return int(text)
+SMI_NUMBER = {"max_digits": MAX_DIGITS, "error": NvidiaSmiParseError, "fix": "not the nvidia-smi output asked for"}
 
 
 def _missing(value: str | None) -> bool:
@@ -76,7 +74,7 @@ def _text(value: str | None) -> str | None:
 def _gpu_record(raw: dict[str, str | None]) -> dict[str, Any]:
     index = raw.get("index")
     return {
-        "index": _int(index, "GPU index") if index is not None and not _missing(index) else None,
+        "index": validate.counter("GPU index", index, **SMI_NUMBER) if index is not None and not _missing(index) else None,
         "name": _text(raw.get("name")),
         "uuid": _text(raw.get("uuid")),
         "pci_bus_id": _text(raw.get("pci.bus_id")),
@@ -133,13 +131,13 @@ def parse_table(text: str) -> dict[str, Any]:
         memory = _TABLE_MEMORY.search(detail)
         gpus.append(
             {
-                "index": _int(row.group("index"), "GPU index"),
+                "index": validate.counter("GPU index", row.group("index"), **SMI_NUMBER),
                 "name": row.group("name").strip(),
                 "uuid": None,
                 "pci_bus_id": row.group("bus"),
                 "driver_version": versions.group("driver"),
-                "memory_total_mib": _int(memory.group("total"), "memory") if memory else None,
-                "memory_used_mib": _int(memory.group("used"), "memory") if memory else None,
+                "memory_total_mib": validate.counter("memory", memory.group("total"), **SMI_NUMBER) if memory else None,
+                "memory_used_mib": validate.counter("memory", memory.group("used"), **SMI_NUMBER) if memory else None,
                 "memory_free_mib": None,
             }
         )

@@ -15,6 +15,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     Runner,
 )
@@ -90,8 +93,11 @@ def facts(module: Any, runner: Runner) -> dict:
     meminfo = None
     if any(gpu["memory_total_mib"] is None for gpu in gpus):
         try:
-            with open(module.params["meminfo_path"], encoding="ascii", errors="replace") as handle:
-                meminfo = parse_meminfo(handle.read(1024 * 1024))
+            meminfo = parse_meminfo(
+                _files.read_text(
+                    module.params["meminfo_path"], _files.MAX_KERNEL_TEXT, errors="replace"
+                )
+            )
         except (OSError, ProcParseError) as exc:
             module.fail_json(
                 msg=f"GPU reports no memory (unified memory) and {module.params['meminfo_path']} is unreadable: {exc}"

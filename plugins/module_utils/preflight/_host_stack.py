@@ -224,7 +224,7 @@ def chrony_offset(tracking: Mapping[str, str]) -> float | None:
     match = _OFFSET.match(tracking.get("System time", ""))
     if not match:
         return None
-    value = float(match.group("value"))
+    value = validate.number("chronyc tracking System time", match.group("value"))
     return value if match.group("side") == "fast" else -value
 
 
@@ -343,7 +343,10 @@ def limit_bytes(value: str | None) -> int | None:
     text = (value or "").strip().lower()
     if text in ("infinity", "unlimited", "-1"):
         return None
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else -1
+    try:
+        return validate.counter("memlock limit", text, max_digits=20)
+    except validate.ValidationError:
+        return -1
 
 
 def recipe_memlock(recipe: Mapping[str, Any]) -> tuple[str, int | None] | None:
@@ -429,16 +432,8 @@ STACK_OPTIONS = (
 )
 
 
-class HostStackInputError(ValueError):
+class HostStackInputError(validate.InputError):
     """Facts or options that cannot be judged (the message names the variable)."""
-
-
-def _float(options: Mapping[str, Any], name: str) -> float:
-    """A finite number (``validate.number``: NaN, infinity, booleans and words are refused)."""
-    try:
-        return validate.number(name, options.get(name))
-    except validate.ValidationError as exc:
-        raise HostStackInputError(str(exc)) from None
 
 
 def rdma_in_use(setting: Any, devices: Sequence[str]) -> bool:
@@ -491,7 +486,11 @@ def judge_node(
     findings += judge_clock(
         clock.get("timedatectl"),
         clock.get("chronyc"),
-        _float(options, "preflight_max_clock_offset_seconds"),
+        validate.number(
+            "preflight_max_clock_offset_seconds",
+            options.get("preflight_max_clock_offset_seconds"),
+            error=HostStackInputError,
+        ),
         host,
     )
     memlock = stack.get("memlock") or {}
@@ -509,8 +508,21 @@ def judge_node(
         "nccl_version": (nccl or {}).get("loads", {}).get("version"),
         "engine": {k: v for k, v in (stack.get("engine") or {}).items() if k != "probe"},
         "disk": stack.get("disk") or {},
-        "weights_reserve_bytes": int(_float(options, "preflight_weights_reserve_gib") * GIB),
-        "weights_bytes": int(_float(options, "preflight_weights_bytes")),
+        "weights_reserve_bytes": int(
+            validate.number(
+                "preflight_weights_reserve_gib",
+                options.get("preflight_weights_reserve_gib"),
+                error=HostStackInputError,
+            )
+            * GIB
+        ),
+        "weights_bytes": int(
+            validate.number(
+                "preflight_weights_bytes",
+                options.get("preflight_weights_bytes"),
+                error=HostStackInputError,
+            )
+        ),
     }
     return {"summary": summary, "findings": findings}
 

@@ -24,6 +24,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
     CommandError,
     Runner,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._files import (
+    read_kernel_text,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._manifest_file import (
     ManifestError,
     default_manifest_path,
@@ -31,19 +34,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._manife
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.preflight._nccl_probe import PROBE
 
-MAX_READ = 1024 * 1024
-
 # A snapshot walk that finds more files than this is not a model snapshot.
 MAX_FILES = 200_000
 ENGINE_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "VLLM_NCCL_SO_PATH")
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read(MAX_READ)
-    except (OSError, ValueError):
-        return None
 
 
 class Gatherer:
@@ -69,7 +62,7 @@ class Gatherer:
         return out
 
     def memlock(self, proc_root: str) -> dict[str, str | None]:
-        limits = _read(os.path.join(proc_root, "self", "limits")) or ""
+        limits = read_kernel_text(os.path.join(proc_root, "self", "limits")) or ""
         unit = None
         name = self.module.params["unit"]
         shown = self.run(["systemctl", "show", "-p", "LoadState", name])
@@ -213,7 +206,7 @@ def facts(module: Any, runner: Runner) -> dict:
     except validate.ValidationError as exc:
         module.fail_json(msg=str(exc))
     proc_root = module.params["proc_root"]
-    meminfo = _read(os.path.join(proc_root, "meminfo"))
+    meminfo = read_kernel_text(os.path.join(proc_root, "meminfo"))
     if meminfo is None:
         module.fail_json(
             msg=f"Cannot read {proc_root}/meminfo: is proc_root={proc_root} a procfs mount?"
@@ -228,7 +221,7 @@ def facts(module: Any, runner: Runner) -> dict:
     facts = {
         "kernel_release": uname.release,
         "machine": uname.machine,
-        "cmdline": (_read(os.path.join(proc_root, "cmdline")) or "").strip(),
+        "cmdline": (read_kernel_text(os.path.join(proc_root, "cmdline")) or "").strip(),
         "meminfo_cma": "\n".join(ln for ln in meminfo.splitlines() if ln.startswith("Cma")),
         "rdma_devices": rdma,
         "clock": {

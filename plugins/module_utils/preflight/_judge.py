@@ -82,16 +82,8 @@ INCOMPLETE_MESSAGE = "INCOMPLETE: preflight did not finish on it, so it cannot b
 INCOMPLETE_FIX = "fix the error above and re-run."
 
 
-class PreflightInputError(ValueError):
+class PreflightInputError(validate.InputError):
     """Facts or thresholds that cannot be judged (the message names the variable)."""
-
-
-def _number(value: Any, name: str) -> float:
-    """A finite number (``validate.number``: NaN, infinity, booleans and words are refused)."""
-    try:
-        return validate.number(name, value)
-    except validate.ValidationError as exc:
-        raise PreflightInputError(str(exc)) from None
 
 
 def check_thresholds(thresholds: Mapping[str, Any]) -> dict[str, float]:
@@ -99,7 +91,11 @@ def check_thresholds(thresholds: Mapping[str, Any]) -> dict[str, float]:
     missing = [name for name in THRESHOLDS if name not in thresholds]
     if missing:
         raise PreflightInputError(f"thresholds lack {', '.join(missing)}")
-    return {name: _number(thresholds[name], name) for name in THRESHOLDS}
+    # validate.number: NaN, infinity, booleans and words are refused, naming the variable
+    return {
+        name: validate.number(name, thresholds[name], error=PreflightInputError)
+        for name in THRESHOLDS
+    }
 
 
 def _check_memory(memory: Any) -> None:

@@ -10,9 +10,12 @@ functions turn that situation into numbers a guard can compare.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
+
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 
 KIB = 1024
 
@@ -21,35 +24,14 @@ _PSI_LINE = re.compile(r"^(?P<kind>some|full)\s+(?P<fields>.*)$")
 _LIMIT_LINE = re.compile(r"^Max locked memory\s+(?P<soft>\S+)\s+(?P<hard>\S+)\s+(?P<unit>\S+)")
 
 
-class ProcParseError(ValueError):
+class ProcParseError(validate.InputError):
     """The text is not the /proc file it should be."""
 
 
-# 2**63 has 19 digits: a longer number is no kernel counter, only garbage.
-MAX_DIGITS = 19
-
-
-def _int(text: str, what: str) -> int:
-    """A kernel counter; garbage or an absurdly long number is a ProcParseError."""
-    value = text.strip()
-    if not value.isascii() or not value.isdigit():
-        raise ProcParseError(f"{what}: {value[:40]!r} is not a number")
-    if len(value) > MAX_DIGITS:
-        raise ProcParseError(f"{what}: {value[:40]}... has {len(value)} digits, no kernel counter")
-    return int(value)
-
-
-def _float(text: str, what: str) -> float:
-    value = text.strip()
-    if len(value) > 40:
-        raise ProcParseError(f"{what}: {value[:40]!r}... is not a number")
-    try:
-        number = float(value)
-    except ValueError:
-        raise ProcParseError(f"{what}: {value!r} is not a number") from None
-    if not math.isfinite(number) or number < 0:
-        raise ProcParseError(f"{what}: {value!r} is not a finite, non-negative number")
-    return number
+# How a number the kernel wrote is read (``validate.counter``/``number``): garbage, a sign
+# or a fraction where a counter belongs, NaN or a number of more than 19 digits (2**63 has
+# 19) are a ProcParseError naming the field.
+KERNEL = {"error": ProcParseError, "fix": "not the file the kernel writes"}
 
 
 def parse_meminfo(text: str) -> dict[str, int]:
@@ -59,7 +41,7 @@ def parse_meminfo(text: str) -> dict[str, int]:
         match = _MEMINFO_LINE.match(line.strip())
         if match:
             key = match.group("key")
-            values[key] = _int(match.group("value"), f"meminfo {key}")
+            values[key] = validate.counter(f"meminfo {key}", match.group("value"), **KERNEL)
     if "MemTotal" not in values:
         raise ProcParseError("no MemTotal line: not /proc/meminfo")
     return values
@@ -76,7 +58,10 @@ def parse_psi(text: str) -> dict[str, dict[str, float]]:
         for item in match.group("fields").split():
             key, _, value = item.partition("=")
             what = f"PSI {match.group('kind')} {key}"
-            fields[key] = _float(value, what) if key != "total" else _int(value, what)
+            if key == "total":
+                fields[key] = validate.counter(what, value, **KERNEL)
+            else:
+                fields[key] = validate.number(what, value, minimum=0, **KERNEL)
         result[match.group("kind")] = fields
     if "some" not in result:
         raise ProcParseError("no 'some' line: not a PSI file")
@@ -90,11 +75,11 @@ def parse_loadavg(text: str) -> dict[str, Any]:
         raise ProcParseError(f"unexpected /proc/loadavg content {text[:80]!r}")
     running, _, total = parts[3].partition("/")
     return {
-        "1m": _float(parts[0], "loadavg 1m"),
-        "5m": _float(parts[1], "loadavg 5m"),
-        "15m": _float(parts[2], "loadavg 15m"),
-        "runnable": _int(running, "loadavg runnable"),
-        "tasks": _int(total, "loadavg tasks"),
+        "1m": validate.number("loadavg 1m", parts[0], minimum=0, **KERNEL),
+        "5m": validate.number("loadavg 5m", parts[1], minimum=0, **KERNEL),
+        "15m": validate.number("loadavg 15m", parts[2], minimum=0, **KERNEL),
+        "runnable": validate.counter("loadavg runnable", running, **KERNEL),
+        "tasks": validate.counter("loadavg tasks", total, **KERNEL),
     }
 
 
@@ -106,10 +91,10 @@ def parse_memlock(text: str) -> dict[str, int | None]:
             return {
                 "soft_bytes": None
                 if match.group("soft") == "unlimited"
-                else _int(match.group("soft"), "Max locked memory soft limit"),
+                else validate.counter("Max locked memory soft limit", match.group("soft"), **KERNEL),
                 "hard_bytes": None
                 if match.group("hard") == "unlimited"
-                else _int(match.group("hard"), "Max locked memory hard limit"),
+                else validate.counter("Max locked memory hard limit", match.group("hard"), **KERNEL),
             }
     raise ProcParseError("no 'Max locked memory' line: not a limits file")
 
@@ -125,7 +110,7 @@ def _status_kib(fields: dict[str, str], key: str) -> int:
     parts = fields[key].split()
     if len(parts) != 2 or parts[1] != "kB":
         raise ProcParseError(f"status {key}: {fields[key][:40]!r} is not '<number> kB'")
-    return _int(parts[0], f"status {key}")
+    return validate.counter(f"status {key}", parts[0], **KERNEL)
 
 
 def parse_status(text: str) -> dict[str, Any]:
@@ -148,7 +133,7 @@ def parse_status(text: str) -> dict[str, Any]:
             fields[key.strip()] = value.strip()
     if "Uid" not in fields:
         raise ProcParseError("no Uid line: not a status file")
-    uid = _int((fields["Uid"].split() or [""])[0], "status Uid")
+    uid = validate.counter("status Uid", (fields["Uid"].split() or [""])[0], **KERNEL)
     missing = [key for key in STATUS_LINES if key not in fields]
     if missing:
         raise ProcParseError(f"no {', '.join(missing)} line: not a status file")
@@ -169,7 +154,7 @@ def parse_cgroup_limit(value: str | None) -> int | None:
     value = value.strip()
     if not value or value == "max":
         return None
-    number = _int(value, "cgroup memory limit")
+    number = validate.counter("cgroup memory limit", value, **KERNEL)
     # cgroup v1 reports "unlimited" as a page-rounded LONG_MAX.
     if number >= 2**62:
         return None
@@ -178,12 +163,12 @@ def parse_cgroup_limit(value: str | None) -> int | None:
 
 def parse_cgroup_usage(usage: str, stat: str | None, inactive_key: str) -> int:
     """cgroup ``memory.current`` minus the reclaimable inactive file cache of ``memory.stat``."""
-    used = _int(usage, "cgroup memory usage")
+    used = validate.counter("cgroup memory usage", usage, **KERNEL)
     inactive = 0
     for line in (stat or "").splitlines():
         key, _, value = line.partition(" ")
         if key == inactive_key:
-            inactive = _int(value, f"cgroup memory.stat {inactive_key}")
+            inactive = validate.counter(f"cgroup memory.stat {inactive_key}", value, **KERNEL)
     return max(used - inactive, 0)
 
 

@@ -19,6 +19,9 @@ from typing import Any
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._files import (
+    read_kernel_text,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
     ProcParseError,
     memory_summary,
@@ -32,20 +35,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.preflight._mem
     parse_status,
     shm_summary,
 )
-
-# /proc and cgroup files are a few KiB; a larger one is not what it claims to be.
-
-
-# /proc and cgroup files are a few KiB; a larger one is not what it claims to be.
-MAX_READ = 1024 * 1024
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read(MAX_READ)
-    except (OSError, ValueError):
-        return None
 
 
 def _cgroup(sys_root: str) -> tuple[int | None, int | None]:
@@ -61,10 +50,10 @@ def _cgroup(sys_root: str) -> tuple[int | None, int | None]:
         ),
     )
     for limit_file, usage_file, stat_file, inactive_key in layouts:
-        limit_text = _read(os.path.join(base, limit_file))
-        usage_text = _read(os.path.join(base, usage_file))
+        limit_text = read_kernel_text(os.path.join(base, limit_file))
+        usage_text = read_kernel_text(os.path.join(base, usage_file))
         if limit_text is not None and usage_text is not None:
-            stat_text = _read(os.path.join(base, stat_file))
+            stat_text = read_kernel_text(os.path.join(base, stat_file))
             return (
                 parse_cgroup_limit(limit_text),
                 parse_cgroup_usage(usage_text, stat_text, inactive_key),
@@ -79,7 +68,7 @@ def _processes(proc_root: str) -> list[dict]:
         if not (entry.isascii() and entry.isdigit()):
             continue
         status_path = os.path.join(proc_root, entry, "status")
-        status_text = _read(status_path)
+        status_text = read_kernel_text(status_path)
         if status_text is None:
             continue  # the process exited while we looked
         try:
@@ -92,9 +81,8 @@ def _processes(proc_root: str) -> list[dict]:
                 users[uid] = pwd.getpwuid(uid).pw_name
             except (KeyError, OverflowError, ValueError):
                 users[uid] = str(uid)
-        cmdline = (
-            (_read(os.path.join(proc_root, entry, "cmdline")) or "").replace("\x00", " ").strip()
-        )
+        cmdline = read_kernel_text(os.path.join(proc_root, entry, "cmdline")) or ""
+        cmdline = cmdline.replace("\x00", " ").strip()
         found.append(status | {"pid": int(entry), "user": users[uid], "cmdline": cmdline[:200]})
     return found
 
@@ -111,7 +99,7 @@ def facts(module: Any) -> dict:
     for option in ("min_uid", "top_processes"):
         if module.params[option] < 0:
             module.fail_json(msg=f"{option} must be 0 or more, got {module.params[option]}")
-    meminfo_text = _read(os.path.join(proc_root, "meminfo"))
+    meminfo_text = read_kernel_text(os.path.join(proc_root, "meminfo"))
     if meminfo_text is None:
         module.fail_json(
             msg=f"Cannot read {proc_root}/meminfo: is proc_root={proc_root} a procfs mount?"
@@ -123,12 +111,12 @@ def facts(module: Any) -> dict:
         limit, usage = _cgroup(module.params["sys_root"])
         facts = memory_summary(meminfo, limit, usage)
         where = os.path.join(proc_root, "pressure", "memory")
-        psi_text = _read(where)
+        psi_text = read_kernel_text(where)
         facts["psi"] = parse_psi(psi_text) if psi_text else None
         where = os.path.join(proc_root, "loadavg")
-        facts["loadavg"] = parse_loadavg(_read(where) or "")
+        facts["loadavg"] = parse_loadavg(read_kernel_text(where) or "")
         where = os.path.join(proc_root, "self", "limits")
-        facts["memlock"] = parse_memlock(_read(where) or "")
+        facts["memlock"] = parse_memlock(read_kernel_text(where) or "")
     except ProcParseError as exc:
         module.fail_json(
             msg=f"Unexpected content in {where}: {exc}; is proc_root={proc_root} (sys_root="

@@ -36,6 +36,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.engine._metrics import (
     MetricsError,
     summarise,
@@ -71,7 +74,7 @@ DEFAULT_JSON_SCHEMA: dict[str, Any] = {
 }
 
 
-class QualifyInputError(ValueError):
+class QualifyInputError(validate.InputError):
     """A check or a parameter that cannot be used; the message names it and the fix."""
 
 

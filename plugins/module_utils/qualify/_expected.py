@@ -19,10 +19,13 @@ the checks must run to measure the declared conditions (streams, prompt sizes);
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ DEFAULT_FRACTIONS = (0.25, 0.5, 0.9, 1.1)
 PROVENANCE = ("unit", "at", "source", "quote")
 
 
-class ExpectedError(ValueError):
+class ExpectedError(validate.InputError):
     """An ``expected:`` block the gate cannot use; the message names the key."""
 
 
@@ -102,23 +105,14 @@ def _figure(key: str) -> tuple[Figure, int | None]:
     )
 
 
-def _number(value: Any) -> bool:
-    """A positive, finite number (YAML's ``.inf`` and ``.nan`` are no published figure)."""
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
-
-
 def _value(key: str, raw: Any) -> float | tuple[float, float] | None:
-    if raw is None or _number(raw):
+    # A positive, finite number (YAML's ``.inf`` and ``.nan`` are no published figure).
+    if raw is None or validate.finite(raw, above=0) is not None:
         return raw
     if (
         isinstance(raw, list)
         and len(raw) == 2
-        and all(_number(v) for v in raw)
+        and all(validate.finite(v, above=0) is not None for v in raw)
         and raw[0] <= raw[1]
     ):
         return (raw[0], raw[1])

@@ -27,12 +27,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 USER_AGENT = "localinference.vllm-qualify"
 # Longest body kept for evidence; a stream's events are kept parsed.
 MAX_BODY = 4 * 1024 * 1024
 
 
-class HttpError(Exception):
+class HttpError(validate.Error):
     """The exchange did not complete (refused, unreachable, over the deadline, not HTTP)."""
 
 

@@ -13,6 +13,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 try:
     import matplotlib
 
@@ -24,7 +28,7 @@ except ImportError:  # pragma: no cover - exercised through HAS_MATPLOTLIB
 HAS_MATPLOTLIB = pyplot is not None
 
 
-class PlotError(RuntimeError):
+class PlotError(validate.Error, RuntimeError):
     """The plots cannot be drawn; the message says why and the fix."""
 
 
@@ -95,7 +99,7 @@ def _concurrency_vs_context(report: dict[str, Any], directory: str) -> str | Non
         return None
 
     def worst(value: Any) -> float:
-        return float(value.get("worst", 0.0)) if isinstance(value, dict) else float(value)
+        return validate.number("plan option concurrency", value.get("worst", 0.0) if isinstance(value, dict) else value)
 
     figure, axis = pyplot.subplots(figsize=(7, 4))
     axis.plot(

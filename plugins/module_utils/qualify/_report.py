@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.engine._metrics import (
     MetricsError,
     delta,
@@ -67,7 +70,7 @@ NOISE_FLOOR_S = {"ttft_s": 0.05}
 EXACT = ("concurrent_requests",)
 
 
-class ReportInputError(ValueError):
+class ReportInputError(validate.InputError):
     """Input the report cannot use; the message names it."""
 
 

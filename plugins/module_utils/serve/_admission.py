@@ -18,29 +18,40 @@ unit's own cgroup and each parent up to the mount root: the lowest wins. A
 refusal names the largest processes by RSS (``/proc/*/status``), the engine's
 own excluded, so the operator knows whom to ask; nothing is ever signalled.
 
-Stdlib only and self-contained: besides being imported by the
-``localinference.vllm.memory_admission`` module, this file is installed on the
-nodes as a program (``/usr/local/libexec/localinference/admission``), where the
-collection is not installed. ``main()`` exits 0 to admit and 1 to refuse (also
+Besides being imported by the ``localinference.vllm.memory_admission`` module, this file
+is installed on the nodes as a program (``/usr/local/libexec/localinference/admission``,
+built by ``common/_embed.py`` with what it imports, since the collection is not installed
+there). ``main()`` exits 0 to admit and 1 to refuse (also
 when the evidence cannot be read: fail closed), with one line on stderr that starts with
 ``REFUSAL_MARKER`` (the rollout quotes it when a start fails). ``--drop-caches`` (unified
 memory: NVIDIA's advice for GB10) first writes back dirty pages and drops the clean page
 cache, so the engine's own view of free memory is not crowded by cache; the measurement after
 it is the same (``MemAvailable`` already counts reclaimable cache).
-``tests/unit/plugins/module_utils/serve/test_admission.py`` checks that its parsing
-agrees with ``_memory_facts`` on the same recorded files.
+/proc/meminfo and /proc/<pid>/status are read by preflight's ``_memory_facts`` parsers, the
+files through ``common/_files``: one parser and one reader for the preflight and the start.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pwd
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._files import (
+    read_kernel_text,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
+    ProcParseError,
+    parse_meminfo,
+    parse_status,
+)
 
 KIB = 1024
 GIB = 1024**3
@@ -51,50 +62,21 @@ REFUSAL_MARKER = "localinference admission refused the start"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 # cgroup v1 reports "no limit" as a page-rounded LONG_MAX.
 UNLIMITED = 2**62
-MAX_READ = 1024 * 1024
 
 
-class AdmissionError(Exception):
+class AdmissionError(validate.Error):
     """Evidence that cannot be read or makes no sense; the check refuses (fails closed)."""
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read(MAX_READ)
-    except (OSError, ValueError):
-        return None
-
-
-def _number(text: str, what: str) -> int:
-    value = text.strip()
-    if not value.isascii() or not value.isdigit() or len(value) > 19:
-        raise AdmissionError(f"{what}: {value[:40]!r} is not a byte count")
-    return int(value)
 
 
 def mem_available(meminfo: str) -> int:
     """``MemAvailable`` of ``/proc/meminfo`` in bytes."""
-    for line in meminfo.splitlines():
-        key, sep, rest = line.partition(":")
-        if sep and key.strip() == "MemAvailable":
-            return _number(rest.replace("kB", ""), "MemAvailable") * KIB
-    raise AdmissionError("/proc/meminfo has no MemAvailable line")
-
-
-def parse_status(text: str) -> dict[str, Any] | None:
-    """``/proc/<pid>/status`` -> name, real uid and RSS in bytes; None when not a status file."""
-    fields = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields[key.strip()] = value.strip()
     try:
-        uid = int((fields.get("Uid") or "").split()[0])
-        rss = int((fields.get("VmRSS") or "0 kB").split()[0]) * KIB
-    except (IndexError, ValueError):
-        return None
-    return {"name": fields.get("Name", ""), "uid": uid, "rss_bytes": rss}
+        values = parse_meminfo(meminfo)
+    except ProcParseError as exc:
+        raise AdmissionError(f"/proc/meminfo: {exc}") from None
+    if "MemAvailable" not in values:
+        raise AdmissionError("/proc/meminfo has no MemAvailable line")
+    return values["MemAvailable"] * KIB
 
 
 # --- cgroups ---------------------------------------------------------------------------------
@@ -167,7 +149,7 @@ _FILES = {
 
 
 def cgroup_headroom(
-    version: str, levels: Sequence[str], read: Callable[[str], str | None] = _read
+    version: str, levels: Sequence[str], read: Callable[[str], str | None] = read_kernel_text
 ) -> list[dict[str, Any]]:
     """Each limited level: ``{path, limit_bytes, usage_bytes, headroom_bytes}``."""
     limit_files, usage_file, inactive_key = _FILES[version]
@@ -178,7 +160,7 @@ def cgroup_headroom(
             text = read(os.path.join(level, name))
             if text is None or text.strip() in ("", "max"):
                 continue
-            value = _number(text, os.path.join(level, name))
+            value = validate.counter(os.path.join(level, name), text, error=AdmissionError)
             if value < UNLIMITED:
                 limits.append(value)
         if not limits:
@@ -186,12 +168,14 @@ def cgroup_headroom(
         usage_text = read(os.path.join(level, usage_file))
         if usage_text is None:
             raise AdmissionError(f"{level} is limited but {usage_file} cannot be read")
-        usage = _number(usage_text, os.path.join(level, usage_file))
+        usage = validate.counter(os.path.join(level, usage_file), usage_text, error=AdmissionError)
         inactive = 0
         for line in (read(os.path.join(level, "memory.stat")) or "").splitlines():
             key, _, value = line.partition(" ")
             if key == inactive_key:
-                inactive = _number(value, f"{level}/memory.stat {inactive_key}")
+                inactive = validate.counter(
+                    f"{level}/memory.stat {inactive_key}", value, error=AdmissionError
+                )
         used = max(usage - inactive, 0)
         out.append(
             {
@@ -238,13 +222,16 @@ def tenants(
     for entry in entries:
         if not (entry.isascii() and entry.isdigit()) or int(entry) in skip:
             continue
-        status = _read(os.path.join(proc_root, entry, "status"))
-        parsed = parse_status(status) if status else None
-        if not parsed or parsed["rss_bytes"] <= 0:
+        try:  # one status parser: memory_facts'; a file the kernel did not write is skipped
+            status = parse_status(read_kernel_text(os.path.join(proc_root, entry, "status")) or "")
+        except ProcParseError:
+            continue  # gone while listed, or not a status file
+        if status["rss_kib"] <= 0:
             continue
-        if _in_cgroup(_read(os.path.join(proc_root, entry, "cgroup")), exclude_cgroup):
+        parsed = {"name": status["name"], "uid": status["uid"], "rss_bytes": status["rss_kib"] * KIB}
+        if _in_cgroup(read_kernel_text(os.path.join(proc_root, entry, "cgroup")), exclude_cgroup):
             continue
-        cmdline = (_read(os.path.join(proc_root, entry, "cmdline")) or "").replace("\0", " ")
+        cmdline = (read_kernel_text(os.path.join(proc_root, entry, "cmdline")) or "").replace("\0", " ")
         found.append(
             parsed
             | {"pid": int(entry), "user": _user(parsed["uid"]), "cmdline": cmdline.strip()[:120]}
@@ -364,12 +351,12 @@ def check(
     caches = ""
     if drop is not None:
         caches = drop() or "page caches dropped first"
-    meminfo = _read(os.path.join(proc_root, "meminfo"))
+    meminfo = read_kernel_text(os.path.join(proc_root, "meminfo"))
     if meminfo is None:
         raise AdmissionError(f"cannot read {proc_root}/meminfo")
     available = mem_available(meminfo)
-    mine = own_cgroups(_read(os.path.join(proc_root, "self", "cgroup")) or "")
-    mounts = cgroup_mounts(_read(os.path.join(proc_root, "self", "mountinfo")) or "")
+    mine = own_cgroups(read_kernel_text(os.path.join(proc_root, "self", "cgroup")) or "")
+    mounts = cgroup_mounts(read_kernel_text(os.path.join(proc_root, "self", "mountinfo")) or "")
     levels: list[dict[str, Any]] = []
     unit_path = cgroup
     for version in ("v2", "memory"):
@@ -397,19 +384,18 @@ def check(
 
 def _gib_argument(text: str) -> float:
     """``--need-gib``/``--reserve-gib``: a finite number, 0 or more (int(nan) would be a traceback)."""
-    try:
-        gib = float(text) if len(text) <= 64 else math.nan
-    except ValueError:
-        gib = math.nan
-    if not math.isfinite(gib * GIB) or gib < 0:  # 1e308 GiB is inf bytes
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite number of GiB, 0 or more")
-    return gib
+    try:  # at most 1e30 GiB: a larger one is infinite bytes
+        return validate.number("GiB", text, minimum=0, maximum=1e30)
+    except validate.ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a finite number of GiB, 0 or more"
+        ) from None
 
 
 def _bytes(args: argparse.Namespace, name: str) -> int:
     gib = getattr(args, f"{name}_gib")
     value = getattr(args, f"{name}_bytes")
-    return int(gib * GIB) if gib is not None else int(value or 0)
+    return int(gib * GIB) if gib is not None else value or 0  # argparse read --*-bytes as int
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
@@ -41,10 +44,8 @@ def _unit_cgroup(module: Any, unit: str) -> str:
     if shown.get("ControlGroup"):
         return shown["ControlGroup"]
     # Not running: its slice, under the root systemd manages (PID 1's cgroup less init.scope).
-    with open(
-        f"{module.params['proc_root']}/1/cgroup", encoding="utf-8", errors="replace"
-    ) as handle:
-        paths = own_cgroups(handle.read())
+    cgroup = f"{module.params['proc_root']}/1/cgroup"
+    paths = own_cgroups(_files.read_text(cgroup, _files.MAX_KERNEL_TEXT, errors="replace"))
     base = (paths.get("v2") or paths.get("memory") or "/").rstrip("/")
     if base.endswith("/init.scope"):
         base = base[: -len("/init.scope")]

@@ -34,7 +34,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._valida
 from ansible_collections.localinference.vllm.plugins.module_utils.serve import _image
 
 
-class ImageError(Exception):
+class ImageError(validate.Error):
     """A podman or skopeo step failed, or left the node without the pinned digest; says which."""
 
 

@@ -40,7 +40,7 @@ BUILD = "vllm_recipe.build"
 MAX_PATCHED = 16 * 1024 * 1024
 
 
-class BuildError(Exception):
+class BuildError(validate.Error):
     """A build step that failed on the node; the message says which and why."""
 
 

@@ -48,6 +48,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._findin
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._gid_start import (
     REFUSAL_MARKER as GID_MARKER,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
+    parse_meminfo,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._admission import (
     REFUSAL_MARKER as ADMISSION_MARKER,
 )
@@ -171,7 +174,9 @@ def parse_policy(raw: Any) -> Policy:
         )
     if raw.get("max_gpu_memory_utilization") is not None:
         key = "max_gpu_memory_utilization"
-        values[key] = _fraction(key, raw[key])
+        values[key] = validate.number(
+            _name(key), raw[key], above=0, maximum=1, fix="set a fraction such as 0.85"
+        )
     if raw.get("libexec_dir") is not None:
         values["libexec_dir"] = validate.path(_name("libexec_dir"), raw["libexec_dir"])
     policy = Policy(**{**base.__dict__, **values})
@@ -225,14 +230,8 @@ def weights_on_disk(path: str) -> tuple[int, str]:
 
 
 def mem_total_bytes(meminfo: str) -> int:
-    """``MemTotal`` of ``/proc/meminfo`` in bytes; ValueError when there is none."""
-    for line in meminfo.splitlines():
-        key, _, rest = line.partition(":")
-        if key.strip() == "MemTotal":
-            value = rest.replace("kB", "").strip()
-            if value.isdigit():
-                return int(value) * 1024
-    raise ValueError("no MemTotal line in /proc/meminfo")
+    """``MemTotal`` of ``/proc/meminfo`` in bytes (preflight's parser); ValueError when there is none."""
+    return parse_meminfo(meminfo)["MemTotal"] * 1024
 
 
 # --- the need ---------------------------------------------------------------------------------
@@ -386,26 +385,6 @@ def start_refusals(lines: Iterable[str], limit: int = 3) -> list[str]:
                 found.append(text)
                 break
     return found[-limit:]
-
-
-def _fraction(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise validate.ValidationError(
-            _name(key),
-            f"expected a number, got {validate.shown(value)}",
-            "set a fraction such as 0.85",
-        )
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not (0 < number <= 1):
-        raise validate.ValidationError(
-            _name(key),
-            f"{validate.shown(value)} is not a fraction in (0, 1]",
-            "set a fraction such as 0.85",
-        )
-    return number
 
 
 def utilization_problems(recipe: dict[str, Any], policy: Policy) -> list[dict[str, Any]]:

@@ -16,6 +16,9 @@ import shlex
 import stat
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     CommandTimeout,
@@ -36,7 +39,7 @@ def split_dryrun(output: str) -> dict[str, str]:
     return units
 
 
-class QuadletOutputError(ValueError):
+class QuadletOutputError(validate.InputError):
     """Generator output this module cannot read; the message quotes the offending line."""
 
 
@@ -141,7 +144,7 @@ def podman_options(argv: list[str]) -> list[str]:
 MAX_MESSAGE = 2000
 
 
-class QuadletCheckError(Exception):
+class QuadletCheckError(validate.Error):
     """The units fail the generator check; ``extra`` is what the module returns with it."""
 
     def __init__(self, msg: str, **extra: object) -> None:

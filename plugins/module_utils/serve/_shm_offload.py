@@ -59,7 +59,7 @@ CATALOG = "docs/failure-catalog.md#f13"
 Key = tuple[int, int]  # (st_dev, st_ino)
 
 
-class ShmOffloadError(Exception):
+class ShmOffloadError(_validate.Error):
     """Bad input or an unusable directory; the message names the option and the fix."""
 
 
@@ -119,7 +119,7 @@ def owner_uid(owner: Any) -> int:
     if isinstance(owner, int) and not isinstance(owner, bool) and owner >= 0:
         return owner
     if isinstance(owner, str) and owner.isdigit() and len(owner) < 11:
-        return int(owner)
+        return _validate.counter("owner", owner, max_digits=10, error=ShmOffloadError)
     try:
         name = _validate.text("owner", owner, max_length=64, strip_ok=False)
         return pwd.getpwnam(name).pw_uid

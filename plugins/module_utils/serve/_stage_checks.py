@@ -13,9 +13,14 @@ output; nothing here runs a command except :func:`read_unit_states` and
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._systemctl import (
     parse_unit_show,
 )
@@ -24,21 +29,18 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._system
 _SHOW_PROPERTIES = "Id,ActiveState,LoadState"
 
 
-class StageCheckError(Exception):
+class StageCheckError(validate.Error):
     """A node refuses the rollout; the message names the node, the cause and the fix."""
 
 
 def judge_load(loadavg: str, ncpu: int, limit: float, host: str) -> dict[str, float]:
     """The node's 1-minute load per CPU from ``/proc/loadavg``; F5 when above ``limit``."""
-    try:
-        word = loadavg.split()[0]
-        load = float(word) if len(word) <= 40 else math.nan
-    except (IndexError, ValueError):
-        load = math.nan
-    if not math.isfinite(load) or load < 0:  # 'nan' compares as below any limit
+    try:  # 'nan' would compare as below any limit: validate.number refuses it
+        load = validate.number("/proc/loadavg", (loadavg.split() or [""])[0], minimum=0)
+    except validate.ValidationError:
         raise StageCheckError(
             f"{host}: /proc/loadavg is unreadable ({loadavg[:80]!r}); the node's load cannot be judged"
-        )
+        ) from None
     if ncpu < 1:
         raise StageCheckError(f"{host}: the node reports {ncpu} online CPUs; its load cannot be judged")
     per_cpu = load / ncpu
@@ -145,10 +147,7 @@ def _mount_digests(path: str) -> dict[str, str]:
     for name in files:
         if name != path:
             sha.update(os.path.relpath(name, path).encode() + b"\0")
-        with open(name, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                sha.update(block)
-                md5.update(block)
+        _files.hash_into(name, sha, md5)
     return {"sha256": sha.hexdigest(), "md5": md5.hexdigest()}
 
 

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import stat
 from collections.abc import Callable
 from typing import Any
 
-from ansible_collections.localinference.vllm.plugins.module_utils.common._files import read_bytes
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common._files import (
+    FileError,
+    read_regular,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import (
     canonical_json,
     recipe_hash,
@@ -50,7 +54,7 @@ MAX_DIFFERENCES = 40
 MAX_FLATTEN_DEPTH = 16
 
 
-class StateFileError(ValueError):
+class StateFileError(validate.InputError):
     """A state or unit file that exists but cannot be read as text; the message says why."""
 
 
@@ -66,23 +70,11 @@ def read_text(path: str, max_bytes: int = MAX_STATE_BYTES) -> str | None:
     or binary content.
     """
     try:
-        info = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
+        data = read_regular(path, max_bytes)
+    except FileError as exc:
+        raise StateFileError(str(exc)) from None
+    if data is None:
         return None
-    except OSError as exc:
-        raise StateFileError(f"{path} cannot be read ({exc.strerror})") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise StateFileError(f"{path} is a directory, not a file")
-    if not stat.S_ISREG(info.st_mode):
-        raise StateFileError(f"{path} is not a regular file")
-    if info.st_size > max_bytes:
-        raise StateFileError(f"{path} is {info.st_size} bytes, more than {max_bytes} (not ours)")
-    try:
-        data = read_bytes(path, max_bytes, whole=True)
-    except OSError as exc:
-        raise StateFileError(f"{path} cannot be read ({exc.strerror})") from None
-    except OverflowError:
-        raise StateFileError(f"{path} grew past {max_bytes} bytes while read (not ours)") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -21,6 +21,9 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
@@ -81,8 +84,7 @@ def node_checks(checks: dict[str, Any], node: Any, runner: Runner) -> dict[str, 
     """F5 and the cluster address: before anything else is read or written."""
     found = {}
     if checks["max_load_per_cpu"] is not None:
-        with open("/proc/loadavg", encoding="ascii", errors="replace") as handle:
-            loadavg = handle.read(4096)
+        loadavg = _files.read_kernel_text("/proc/loadavg", 4096) or ""  # unreadable: refused, named
         found["node_load"] = judge_load(
             loadavg, os.sysconf("SC_NPROCESSORS_ONLN"), checks["max_load_per_cpu"], node.host
         )

@@ -18,6 +18,9 @@ import os
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
     _validate as validate,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
@@ -164,8 +167,9 @@ def inputs(module: Any) -> dict[str, Any]:
 def _mem_total(module: Any) -> int:
     """MemTotal of this node (the unified-memory need of a profiled recipe)."""
     try:
-        with open("/proc/meminfo", encoding="ascii", errors="replace") as handle:
-            return mem_total_bytes(handle.read())
+        return mem_total_bytes(
+            _files.read_text("/proc/meminfo", _files.MAX_KERNEL_TEXT, errors="replace")
+        )
     except (OSError, ValueError) as exc:
         module.fail_json(msg=f"guards: cannot read MemTotal from /proc/meminfo ({exc})")
 

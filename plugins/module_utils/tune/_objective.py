@@ -62,12 +62,6 @@ def weights_of(given: Any) -> dict[str, float]:
     return weights
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def worse_checks(before: dict[str, str], after: dict[str, str]) -> list[str]:
     """Checks whose status is worse after than before (a check missing after counts as failed)."""
     worse = []
@@ -82,7 +76,7 @@ def score(before: dict[str, Any], after: dict[str, Any], weights: dict[str, floa
     """The weighted, capped log-ratio gain of ``after`` over ``before``, and each term said."""
     total, terms = 0.0, []
     for name, (better, meaning, floor) in FIGURES.items():
-        old, new = _number(before.get(name)), _number(after.get(name))
+        old, new = validate.finite(before.get(name)), validate.finite(after.get(name))
         if old is None or new is None or not weights.get(name):
             continue
         ratio = math.log(max(new, floor) / max(old, floor))

@@ -74,7 +74,7 @@ class Rule:
 
 
 def _budget(recipe: dict[str, Any]) -> int:
-    return int(recipe.get("max_num_batched_tokens") or DEFAULT_BATCHED)
+    return validate.whole("max_num_batched_tokens", recipe.get("max_num_batched_tokens") or DEFAULT_BATCHED)
 
 
 def _clamp(value: float, bounds: tuple[float, float]) -> float:

@@ -28,6 +28,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.upgrade._stack_lock import (
     canonical_json,
     node_problems,
@@ -49,7 +52,7 @@ NCCL_ENV = ("NCCL_VERSION", "NV_LIBNCCL_PACKAGE_VERSION", "NV_LIBNCCL_DEV_PACKAG
 MAX_ENV = 4096
 
 
-class StackFactsError(ValueError):
+class StackFactsError(validate.InputError):
     """Output that is not what the command prints; the message says what was expected."""
 
 

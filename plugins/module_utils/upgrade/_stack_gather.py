@@ -17,6 +17,9 @@ import json
 import os
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
     Runner,
@@ -31,7 +34,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_l
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._ethtool_facts import (
     EthtoolParseError,
     parse_driver,
-    sysfs_text,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_facts import (
     NvidiaSmiParseError,
@@ -214,11 +216,7 @@ class _Gather:
 
 
 def _sysfs(path: str) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            return sysfs_text(handle.read(4096))
-    except (OSError, ValueError):
-        return None
+    return _files.read_sysfs(path)
 
 
 def gather(module: Any) -> dict[str, Any]:

@@ -27,6 +27,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._findings import finding
 from ansible_collections.localinference.vllm.plugins.module_utils.common._recipe import recipe_hash
 
@@ -83,7 +86,7 @@ DIFF_ORDER = (
 IMAGE_FIELDS = ("vllm_version", "nccl_version")
 
 
-class StackLockError(ValueError):
+class StackLockError(validate.InputError):
     """A stack that cannot be recorded; the message names the node, the key and the fix."""
 
 

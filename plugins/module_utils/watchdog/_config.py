@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,23 +44,16 @@ MAX_NODES = 64
 EXECUTE_MODEL_TIMEOUT_BOUNDS = (1.0, 86400.0)
 
 
-class ConfigError(ValueError):
+class ConfigError(validate.InputError):
     """The config cannot be used; the message names the variable and the fix."""
 
 
 def _number(cfg: Mapping[str, Any], key: str, low: float, high: float, integer: bool,
             group: str = "") -> float:
-    value = cfg.get(key)
-    name = f"watchdog_{group}{key}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-        isinstance(value, float) and not math.isfinite(value)
-    ):
-        raise ConfigError(f"{name}: {str(value)[:40]!r} is not a number; set a number between {low:g} and {high:g}")
-    if integer and value != int(value):
-        raise ConfigError(f"{name}: {value!r} is not a whole number; set a whole number")
-    if not low <= value <= high:
-        raise ConfigError(f"{name}: {value:g} is out of range; set a number between {low:g} and {high:g}")
-    return int(value) if integer else float(value)
+    """``cfg[key]`` of the table above, read by ``validate`` (a number in the JSON, never text)."""
+    read = validate.whole if integer else validate.number
+    return read(f"watchdog_{group}{key}", cfg.get(key), minimum=low, maximum=high, error=ConfigError,
+                fix=f"set a number between {low:g} and {high:g}", text=False)
 
 
 def _url(name: str, value: Any) -> str:

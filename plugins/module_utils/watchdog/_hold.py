@@ -9,6 +9,10 @@ judges and records but does not restart while a hold has not run out. One reader
 
 from __future__ import annotations
 
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
+
 QUALIFY = "qualify"
 ROLLOUT = "rollout"
 
@@ -16,11 +20,9 @@ ROLLOUT = "rollout"
 def parse(text: str | None) -> tuple[float, str] | None:
     """``(deadline, holder)`` of the file's text, or None when it holds no deadline."""
     deadline, _, holder = (text or "").strip().partition(" ")
-    try:
-        until = float(deadline)
-    except ValueError:
-        return None
-    if until != until or until in (float("inf"), float("-inf")):
+    try:  # NaN or infinity is no deadline
+        until = validate.number("hold deadline", deadline)
+    except validate.ValidationError:
         return None
     return until, (QUALIFY if holder.strip() == QUALIFY else ROLLOUT)
 

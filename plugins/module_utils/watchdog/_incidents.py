@@ -14,9 +14,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import time
 from typing import Any
+
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _files,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 
 SCHEMA = 1
 VERDICTS = ("healthy", "degraded", "wedged", "down", "unknown")
@@ -61,7 +67,7 @@ def incident(
 
 
 def _seconds(value: float | None) -> float | None:
-    return None if value is None else round(float(value), 1)
+    return None if value is None else round(validate.number("seconds", value), 1)
 
 
 def check(record: Any) -> str | None:
@@ -147,15 +153,11 @@ def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], list[str]]:
 def read_recent(path: str, limit: int = 5) -> dict[str, Any]:
     """The last ``limit`` incidents of ``path``: ``{incidents, problems, exists}``."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the reader for ever
-            return {"incidents": [], "problems": [f"{path}: not a regular file"], "exists": True}
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - TAIL_BYTES))
-            data = handle.read(TAIL_BYTES)
+        data, size = _files.read_tail(path, TAIL_BYTES)  # a FIFO is refused: it would block
     except FileNotFoundError:
         return {"incidents": [], "problems": [], "exists": False}
+    except _files.FileError as exc:
+        return {"incidents": [], "problems": [str(exc)], "exists": True}
     except OSError as exc:
         return {"incidents": [], "problems": [f"{path}: {exc.strerror or exc}"], "exists": True}
     if size > TAIL_BYTES:

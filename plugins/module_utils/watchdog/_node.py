@@ -22,6 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common import _files
+from ansible_collections.localinference.vllm.plugins.module_utils.common import (
+    _validate as validate,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
 )
@@ -56,7 +59,7 @@ MAX_KMSG_RECORDS = 20000
 ENGINE_LOG_LINES = 400
 
 
-class NodeError(ValueError):
+class NodeError(validate.InputError):
     """The node cannot answer a verb; the message says why."""
 
 

@@ -343,8 +343,7 @@ class Watchdog:
     # ------------------------------------------------------------------ state
     def _load_state(self) -> dict[str, Any]:
         try:
-            with open(self.cfg["state_path"], encoding="utf-8") as handle:
-                saved = json.load(handle)
+            saved = json.loads(read_text(self.cfg["state_path"], 1024 * 1024))
         except (OSError, ValueError):
             return {}
         ok = (isinstance(saved, dict) and isinstance(saved.get("restarts"), list)
@@ -414,8 +413,7 @@ def node_main(words: Sequence[str]) -> int:
     text = os.environ.get("SSH_ORIGINAL_COMMAND") if not words else " ".join(words)
     try:
         verb, cursor, units = parse_command(text)
-        with open(NODE_CONFIG, encoding="utf-8") as handle:
-            cfg = json.load(handle)
+        cfg = json.loads(read_text(NODE_CONFIG, 1024 * 1024))
     except (NodeError, OSError, ValueError) as exc:
         print(json.dumps({"ok": False, "reachable": True, "error": str(exc)[:300]}))
         return 1

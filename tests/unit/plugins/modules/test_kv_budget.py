@@ -181,7 +181,7 @@ def test_check_mode_is_the_same():
         ({"available_kv_gib": 8.0}, "available_kv_gib needs a per-token cost"),
         (
             {"available_kv_gib": -3.0, "per_token_kib": 400.0},
-            "available_kv_gib must be greater than 0",
+            "available_kv_gib: -3.0 is not above 0; set more than 0",
         ),
         (
             {"observations": SEED000, "prompt_floor": 30000, "recipe": {"max_model_len": 16384}},

@@ -41,6 +41,7 @@ def test_bad_interface_names_are_refused(tmp_path, interfaces, message):
 
 
 def test_a_sysfs_value_is_its_text_or_none(tmp_path):
+    # the gather reads sysfs through common/_files (one reader for the collection)
     (tmp_path / "mtu").write_bytes(b"9000\n")
-    assert _ethtool_gather._sys(str(tmp_path / "mtu")) == "9000"
-    assert _ethtool_gather._sys(str(tmp_path / "absent")) is None
+    assert _ethtool_gather._files.read_sysfs(str(tmp_path / "mtu")) == "9000"
+    assert _ethtool_gather._files.read_sysfs(str(tmp_path / "absent")) is None

@@ -199,16 +199,16 @@ def test_scheduled_tokens(batched, seqs, k, parallel, expected):
     ("kwargs", "named"),
     [
         ({"observations": []}, "no observations and no available_kv_gib"),
-        ({"observations": [], "available_kv_gib": -1.0}, "available_kv_gib must be greater than 0"),
+        ({"observations": [], "available_kv_gib": -1.0}, "available_kv_gib: -1.0 is not above 0; set more than 0"),
         ({"observations": [], "available_kv_gib": 8.0}, "pass per_token_kib"),
         ({"observations": [{"kv_tokens": 5}]}, "observations[0].max_model_len is missing"),
         (
             {"observations": [{"max_model_len": 5, "kv_tokens": 5, "kv_memory_gib": -2}]},
-            "observations[0].kv_memory_gib must be greater than 0",
+            "observations[0].kv_memory_gib: -2 is not above 0",
         ),
         (
             {"observations": [{"max_model_len": 5, "kv_tokens": 5}], "min_concurrency": 0},
-            "min_concurrency must be greater than 0",
+            "min_concurrency: 0 is not above 0",
         ),
         ({"observations": [{"max_model_len": 5, "kv_tokens": 5}], "granularity": 0}, "granularity"),
         ({"observations": ["x"]}, "observations[0] must be a dict"),

@@ -90,7 +90,7 @@ def test_layout(case):
             {"pipeline_parallel_size": "three"},
             3,
             None,
-            "recipe.pipeline_parallel_size must be an integer",
+            "recipe.pipeline_parallel_size: expected a number, got 'three'; set a whole number",
         ),
     ],
 )

@@ -11,13 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible_collections.localinference.vllm.plugins.module_utils.common import _embed
 from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
     parse_meminfo,
 )
-from ansible_collections.localinference.vllm.plugins.module_utils.preflight._memory_facts import (
-    parse_status as facts_parse_status,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.serve import _admission
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._admission import (
     GIB,
     AdmissionError,
@@ -25,8 +22,8 @@ from ansible_collections.localinference.vllm.plugins.module_utils.serve._admissi
     decide,
     main,
     mem_available,
-    parse_status,
     rank_need_bytes,
+    tenants,
 )
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
@@ -41,17 +38,20 @@ UNIT = (
 MEM_AVAILABLE = 24039792 * 1024  # the recorded meminfo
 
 
-def test_parsing_agrees_with_memory_facts_on_the_recorded_files():
+def test_parsing_is_memory_facts_on_the_recorded_files(tmp_path):
+    """One meminfo and one /proc/<pid>/status parser: preflight's memory facts."""
     assert mem_available(MEMINFO) == parse_meminfo(MEMINFO)["MemAvailable"] * 1024
-    mine, theirs = parse_status(STATUS), facts_parse_status(STATUS)
-    assert (mine["name"], mine["uid"], mine["rss_bytes"]) == (
-        theirs["name"],
-        theirs["uid"],
-        theirs["rss_kib"] * 1024,
-    )
     with pytest.raises(AdmissionError, match="no MemAvailable"):
         mem_available("MemTotal: 1 kB\n")
-    assert parse_status("Name: x\n") is None
+    with pytest.raises(AdmissionError, match=r"^/proc/meminfo: no MemTotal line"):
+        mem_available("garbage\n")
+    for pid, text in ((10, STATUS), (11, "Name: x\n"), (12, STATUS.replace("VmRSS:", "VmRSS:\tlots"))):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "status").write_text(text)
+    # the recorded file is a tenant; a file the kernel did not write is skipped, not a traceback
+    assert [(t["pid"], t["name"], t["uid"], t["rss_bytes"]) for t in tenants(str(tmp_path))] == [
+        (10, "process_api", 0, 12272 * 1024)
+    ]
 
 
 def _status(name: str, uid: int, rss_kib: int) -> str:
@@ -299,9 +299,9 @@ def test_missing_evidence_refuses(tmp_path, capsys):
 
 
 def test_the_file_runs_as_a_standalone_program_on_this_machines_real_proc(tmp_path):
-    """What the serve role installs: the file alone, a Python without the collection."""
+    """What the serve role installs: the module and what it imports, a Python without the collection."""
     program = tmp_path / "admission"
-    program.write_text("#!/usr/bin/python3 -I\n" + Path(_admission.__file__).read_text())
+    program.write_text(_embed.program("serve._admission", ["admission"]))
     program.chmod(0o755)
     done = subprocess.run(
         [sys.executable, "-I", str(program), "--need-bytes", "1", "--json"],
