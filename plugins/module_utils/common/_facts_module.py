@@ -14,6 +14,7 @@ No AnsibleModule here: ``module`` is the caller's (``params``, ``fail_json``, ``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,15 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
 
 class Absent(validate.Error):
     """What the module reads is not on this node (no tool, no driver, no device); says why."""
+
+
+def find_binary(module: Any, binary: str) -> str:
+    """The program a facts module runs: a path as given when it is executable, a bare name
+    looked up in PATH (``module.get_bin_path``); raises :class:`Absent` naming it otherwise."""
+    path = (binary if os.access(binary, os.X_OK) else None) if "/" in binary else module.get_bin_path(binary)
+    if not path:
+        raise Absent(f"{binary} not found in PATH")
+    return path
 
 
 @dataclass(frozen=True)

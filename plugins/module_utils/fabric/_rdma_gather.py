@@ -28,6 +28,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
 from ansible_collections.localinference.vllm.plugins.module_utils.common._facts_module import (
     Absent,
     WhenAbsent,
+    find_binary,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
@@ -147,13 +148,7 @@ def facts(module: Any, runner: Runner) -> dict:
         module.fail_json(msg=str(exc))
 
     binary = module.params["ibv_devinfo"]
-    path = (
-        (binary if os.access(binary, os.X_OK) else None)
-        if "/" in binary
-        else module.get_bin_path(binary)
-    )
-    if not path:
-        raise Absent(f"{binary} not found in PATH")
+    path = find_binary(module, binary)
     rc, out, err = runner.run([path, "-v"], HINT)
     if rc != 0 or "No IB devices found" in (out + err):
         raise Absent(f"'{binary} -v' found no device (rc={rc}): {(err or out).strip()[:200]}")

@@ -12,7 +12,6 @@ No AnsibleModule here: ``module`` is the caller's (``params``, ``get_bin_path``,
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ansible_collections.localinference.vllm.plugins.module_utils.common import (
@@ -24,6 +23,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
 from ansible_collections.localinference.vllm.plugins.module_utils.common._facts_module import (
     Absent,
     WhenAbsent,
+    find_binary,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.preflight._gpu_facts import (
     QUERY_FIELDS,
@@ -53,13 +53,7 @@ WHEN_ABSENT = WhenAbsent(
 def facts(module: Any, runner: Runner) -> dict:
     """The facts of ``ansible_facts.gpu``; raises Absent on a node without the driver or a GPU."""
     binary = module.params["nvidia_smi"]
-    path = (
-        (binary if os.access(binary, os.X_OK) else None)
-        if "/" in binary
-        else module.get_bin_path(binary)
-    )
-    if not path:
-        raise Absent(f"{binary} not found in PATH")
+    path = find_binary(module, binary)
 
     rc, table_out, err = runner.run([path], HINT)
     if rc != 0:

@@ -13,6 +13,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
 from ansible_collections.localinference.vllm.plugins.module_utils.common._facts_module import (
     Absent,
     WhenAbsent,
+    find_binary,
     run_facts,
 )
 
@@ -86,3 +87,31 @@ def test_run_facts(params, gather, options, ended) -> None:
 def test_absent_without_a_when_absent_is_a_programming_error() -> None:
     with pytest.raises(Absent):
         run_facts(Module(timeout=2.0), "key", not_here)
+
+
+class _Module:
+    """get_bin_path as AnsibleModule's: a bare name looked up in PATH, None when absent."""
+
+    def __init__(self, found: dict[str, str]) -> None:
+        self.found = found
+
+    def get_bin_path(self, name: str) -> str | None:
+        return self.found.get(name)
+
+
+@pytest.mark.parametrize(
+    ("binary", "found", "want"),
+    [
+        ("ibv_devinfo", {"ibv_devinfo": "/usr/bin/ibv_devinfo"}, "/usr/bin/ibv_devinfo"),
+        ("ibv_devinfo", {}, Absent),
+        ("/bin/sh", {}, "/bin/sh"),  # a path as given, PATH not asked
+        ("/nonexistent/nvidia-smi", {"nvidia-smi": "/usr/bin/nvidia-smi"}, Absent),
+        ("/etc/hostname", {}, Absent),  # there, but not executable
+    ],
+)
+def test_find_binary(binary: str, found: dict[str, str], want: object) -> None:
+    if want is Absent:
+        with pytest.raises(Absent, match=f"^{binary} not found in PATH$"):
+            find_binary(_Module(found), binary)
+    else:
+        assert find_binary(_Module(found), binary) == want
