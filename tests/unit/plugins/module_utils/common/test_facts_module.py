@@ -106,10 +106,14 @@ class _Module:
         ("ibv_devinfo", {}, Absent),
         ("/bin/sh", {}, "/bin/sh"),  # a path as given, PATH not asked
         ("/nonexistent/nvidia-smi", {"nvidia-smi": "/usr/bin/nvidia-smi"}, Absent),
-        ("/etc/hostname", {}, Absent),  # there, but not executable
+        ("{tmp}/nvidia-smi", {}, Absent),  # there, but not executable (mode 0644)
     ],
 )
-def test_find_binary(binary: str, found: dict[str, str], want: object) -> None:
+def test_find_binary(tmp_path, binary: str, found: dict[str, str], want: object) -> None:
+    plain = tmp_path / "nvidia-smi"
+    plain.write_text("#!/bin/sh\n")
+    plain.chmod(0o644)
+    binary = binary.format(tmp=tmp_path)
     if want is Absent:
         with pytest.raises(Absent, match=f"^{binary} not found in PATH$"):
             find_binary(_Module(found), binary)
