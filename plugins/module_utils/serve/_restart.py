@@ -5,7 +5,7 @@
 The rollout (``playbooks/rollout.yml``) and the watchdog restart a cluster the same way:
 
 1. **stop** every rank: on each node the units of ``serving.json``'s ``start_order`` in
-   reverse (the server before its runtime), the head first — :func:`stop_units`, which the
+   reverse (the server before its runtime), every node at once — :func:`stop_units`, which the
    rollout's ``serving_state stop_live`` calls too;
 2. **verify** every node: the unit files on disk are exactly the ones ``serving.json``
    records (checksums and recipe hash, F10) and, in the rollout, ``serving.json`` is exactly
