@@ -40,7 +40,7 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common import 
     _validate as validate,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._files import (
-    read_text_or_none,
+    read_sysfs,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.fabric._rdma_facts import (
     live_roce_v2_index,
@@ -170,13 +170,6 @@ def write_env(path: str, index: int) -> None:
     os.replace(partial, path)
 
 
-def _read(path: str) -> str | None:
-    # An unused slot's type or netdev fails with EINVAL on a real kernel: None, as the
-    # watchdog's reader does.
-    text = read_text_or_none(path, 65536)
-    return None if text is None else text.strip()
-
-
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0])
     parser.add_argument("--sys-root", required=True)
@@ -189,7 +182,7 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None, read: Callable[[str], str | None] = _read) -> int:
+def main(argv: Sequence[str] | None = None, read: Callable[[str], str | None] = read_sysfs) -> int:
     args = _arguments(argv)
     try:
         hca = rdma_device_name("--hca", args.hca)

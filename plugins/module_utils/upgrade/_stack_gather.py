@@ -173,7 +173,7 @@ class _Gather:
         for name in hcas:
             directory = os.path.join(sys_root, "class", "infiniband", name)
             if os.path.isdir(directory):
-                devices[name] = _sysfs(os.path.join(directory, "fw_ver"))
+                devices[name] = _files.read_sysfs(os.path.join(directory, "fw_ver"))
         return nics, devices
 
     def manifest(self, recipe: dict[str, Any]) -> str | None:
@@ -213,10 +213,6 @@ class _Gather:
         argv += [recipe.get("entrypoint") or "vllm", recipe["image"], "--version"]
         out = self.run(argv, "vLLM version", timeout=self.params["image_timeout"])
         return facts.version_from_output(out) if out is not None else None
-
-
-def _sysfs(path: str) -> str | None:
-    return _files.read_sysfs(path)
 
 
 def gather(module: Any) -> dict[str, Any]:

@@ -145,11 +145,6 @@ def link_state(ifname: str, read) -> dict[str, Any]:
     }
 
 
-def _read(path: str) -> str | None:
-    text = _files.read_text_or_none(path, 65536)
-    return None if text is None else text.strip()
-
-
 def _serving(cfg: Mapping[str, Any]) -> dict[str, Any]:
     text = read_text(cfg["serving_state_path"])
     if text is None:
@@ -182,17 +177,17 @@ def probe(cfg: Mapping[str, Any], runner, cursor: int | None) -> dict[str, Any]:
     for entry in out["units"].values():
         since = entry.pop("active_since_monotonic_us")
         entry["active_for_s"] = round((now_us - since) / 1e6, 1) if since else None
-    out["links"] = [link_state(name, _read) for name in cfg.get("interfaces", [])]
+    out["links"] = [link_state(name, _files.read_sysfs) for name in cfg.get("interfaces", [])]
     out["gid_index"] = None
     for port in cfg.get("rdma", []):
         out["gid_index"], _ = live_roce_v2_index(cfg["rdma_sys_root"], port["hca"], port["port"],
-                                                 port["ipv4"], port.get("netdev"), _read)
+                                                 port["ipv4"], port.get("netdev"), _files.read_sysfs)
         break
     out["psi_some_avg10"], out["mem_available_bytes"] = None, None
     try:
-        psi = _read("/proc/pressure/memory")
+        psi = _files.read_kernel_text("/proc/pressure/memory")
         out["psi_some_avg10"] = parse_psi(psi)["some"]["avg10"] if psi else None
-        available = parse_meminfo(_read("/proc/meminfo") or "").get("MemAvailable")
+        available = parse_meminfo(_files.read_kernel_text("/proc/meminfo") or "").get("MemAvailable")
         out["mem_available_bytes"] = available * 1024 if available is not None else None
     except (ValueError, KeyError) as exc:
         out["unknown"].append(f"memory: {str(exc)[:200]}")

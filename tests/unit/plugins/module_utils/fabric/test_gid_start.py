@@ -99,7 +99,7 @@ RESOLVED = [
                          ids=[c[0] for c in RESOLVED])
 def test_resolve_on_recorded_tables(tmp_path, case, table, port, expect, index, moved, words):
     write_table(tmp_path, port[0], spark_rows() if table == "spark" else cx6_rows())
-    found = gs.resolve(str(tmp_path), port[0], 1, port[1], port[2], expect, gs._read)
+    found = gs.resolve(str(tmp_path), port[0], 1, port[1], port[2], expect, gs.read_sysfs)
     assert (found["index"], found["moved"]) == (index, moved), case
     assert words in found["line"], found["line"]
     if moved:
@@ -117,7 +117,7 @@ REFUSED = [
 @pytest.mark.parametrize(("case", "hca", "ipv4", "netdev", "words"), REFUSED, ids=[c[0] for c in REFUSED])
 def test_resolve_refuses_without_an_entry(spark, case, hca, ipv4, netdev, words):
     with pytest.raises(gs.GidStartError) as caught:
-        gs.resolve(str(spark), hca, 1, ipv4, netdev, 3, gs._read)
+        gs.resolve(str(spark), hca, 1, ipv4, netdev, 3, gs.read_sysfs)
     said = str(caught.value)
     assert said.startswith(gs.REFUSAL_MARKER) and words in said, said
     assert "--tags fabric" in said
@@ -125,7 +125,7 @@ def test_resolve_refuses_without_an_entry(spark, case, hca, ipv4, netdev, words)
 
 def test_refusal_lists_what_the_table_holds(spark):
     with pytest.raises(gs.GidStartError) as caught:
-        gs.resolve(str(spark), SPARK[0], 1, "10.0.0.1", SPARK[2], 3, gs._read)
+        gs.resolve(str(spark), SPARK[0], 1, "10.0.0.1", SPARK[2], 3, gs.read_sysfs)
     assert "(it holds: 1 RoCE v2 non-IPv4, 3 RoCE v2 192.168.100.10)" in str(caught.value)
 
 

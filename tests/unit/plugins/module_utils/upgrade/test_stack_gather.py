@@ -53,5 +53,5 @@ def test_a_missing_binary_or_a_failing_command_is_a_warning_and_a_null(tmp_path)
 
 def test_sysfs_text_is_read_bounded_and_none_when_unreadable(tmp_path):
     (tmp_path / "fw_ver").write_text("28.45.1020\n")
-    assert _stack_gather._sysfs(str(tmp_path / "fw_ver")) == "28.45.1020"
-    assert _stack_gather._sysfs(str(tmp_path / "absent")) is None
+    assert _stack_gather._files.read_sysfs(str(tmp_path / "fw_ver")) == "28.45.1020"
+    assert _stack_gather._files.read_sysfs(str(tmp_path / "absent")) is None
