@@ -128,6 +128,38 @@ options:
         O(watch_commands) and O(prove_commands)).
     type: float
     default: 30
+  reverify_weights:
+    description:
+      - With O(state=converged), once everything else holds, re-verify the node's weights against the
+        manifest the saved result names (its C(reverify): C(path), C(manifest), C(workers)), as
+        M(localinference.vllm.model_manifest) O(localinference.vllm.model_manifest#module:mode=verify)
+        does. A file that differs, a file the manifest does not list or a manifest that cannot be read
+        is the RV(reason) the stages run; a modification time whose content matches is restored
+        (RV(weights_restored)).
+      - The site's one call per node (C(playbooks/site_converged.yml)).
+    type: bool
+    default: false
+    version_added: 0.3.0
+  stream:
+    description:
+      - With O(state=converged), once everything else holds (the weights too), stream one first token for
+        each route the saved result names (its C(routes) and C(tls)) through the ingress on this node,
+        with the key; a route that does not stream is the RV(reason) the stages run.
+      - The site's one call per node on the head (C(playbooks/site_converged.yml)).
+    type: dict
+    version_added: 0.3.0
+    suboptions:
+      port:
+        description: The ingress's port on 127.0.0.1.
+        type: int
+        required: true
+      api_key:
+        description: The key a request sends (masked in every log); none when the ingress has no key.
+        type: str
+      timeout:
+        description: Seconds to wait for each first token.
+        type: float
+        default: 60
 """
 
 EXAMPLES = r"""
@@ -183,6 +215,18 @@ reason:
   returned: when O(state=converged)
   type: str
   sample: /etc/caddy/Caddyfile changed since the stage last ran
+weights_restored:
+  description: The weights' files whose modification time was restored from the manifest (content matched).
+  returned: when O(reverify_weights) ran
+  type: list
+  elements: str
+  version_added: 0.3.0
+streamed:
+  description: The first token of each route that streamed (C(model), C(ttft_s) in seconds).
+  returned: when O(stream) ran
+  type: list
+  elements: dict
+  version_added: 0.3.0
 """
 
 from typing import Any
@@ -192,6 +236,12 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_
 from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     STAGES,
     StageResultError,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.engine._token_probe import (
+    first_token,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.weights._manifest_apply import (
+    reverify_reason,
 )
 
 ARGUMENT_SPEC: dict[str, Any] = {
@@ -220,13 +270,22 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "watch_recorded": {"type": "bool", "default": False},
     "prove_commands": {"type": "list", "elements": "list", "default": []},
     "timeout": {"type": "float", "default": 30.0},
+    "reverify_weights": {"type": "bool", "default": False},
+    "stream": {
+        "type": "dict",
+        "options": {
+            "port": {"type": "int", "required": True},
+            "api_key": {"type": "str", "no_log": True},
+            "timeout": {"type": "float", "default": 60.0},
+        },
+    },
 }
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
-        result = run(module)
+        result = run(module, reverify=reverify_reason, first_token=first_token)
     except StageResultError as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:

@@ -28,6 +28,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
     Runner,
     timeout_error,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._site_check import (
+    node_reason,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
     StageResultError,
     check_document,
@@ -156,7 +159,9 @@ def _watch_lists(params: dict[str, Any], recorded: dict[str, list[Any]] | None =
     }
 
 
-def _converged(params: dict[str, Any], raw: bytes | None, where: str) -> dict[str, Any]:
+def _converged(
+    params: dict[str, Any], raw: bytes | None, where: str, check_mode: bool = False, **checks: Any
+) -> dict[str, Any]:
     stage = params["stage"]
     _check_commands("prove_commands", params["prove_commands"])
     doc, untrusted, recorded = None, None, None
@@ -187,8 +192,12 @@ def _converged(params: dict[str, Any], raw: bytes | None, where: str) -> dict[st
         reason = untrusted
     if reason is None:
         reason = _unproven(params["prove_commands"], params["timeout"])
+    found: dict[str, Any] = {}
+    if reason is None and doc is not None:
+        reason, found = node_reason(doc["result"], params, check_mode, **checks)
     return {
-        "changed": False,
+        "changed": bool(found.get("weights_restored")),
+        **found,
         "converged": reason is None,
         "reason": reason,
         "found": doc is not None,
@@ -197,8 +206,11 @@ def _converged(params: dict[str, Any], raw: bytes | None, where: str) -> dict[st
     }
 
 
-def run(module: Any) -> dict[str, Any]:
-    """The module's result for its ``state``; raises StageResultError or OSError to refuse."""
+def run(module: Any, **checks: Any) -> dict[str, Any]:
+    """The module's result for its ``state``; raises StageResultError or OSError to refuse.
+
+    ``checks`` are the site's re-verify and token probe (``_site_check.node_reason``), handed in
+    by the module for ``reverify_weights`` and ``stream``."""
     params = module.params
     stage = params["stage"]
     path = params["path"] or f"/etc/localinference/{stage}.json"
@@ -206,9 +218,11 @@ def run(module: Any) -> dict[str, Any]:
     problem = timeout_error(params["timeout"])
     if problem:
         raise StageResultError(problem)
+    if params["state"] != "converged" and (params.get("reverify_weights") or params.get("stream")):
+        raise StageResultError("reverify_weights and stream are for state=converged (the site's one call per node)")
     raw = _read(path)
     if params["state"] == "converged":
-        return {"path": path, **_converged(params, raw, where)}
+        return {"path": path, **_converged(params, raw, where, module.check_mode, **checks)}
     if params["state"] == "read":
         if raw is None:
             if params["required"]:

@@ -27,6 +27,8 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._manife
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     MAX_PATH,
     ValidationError,
+    integer,
+    path,
     text,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.weights._manifest import (
@@ -178,3 +180,32 @@ def run(module: Any) -> dict[str, Any]:
     result["disk_free_bytes"] = disk_free_bytes(params["path"])
     result["elapsed_seconds"] = round(time.monotonic() - started, 3)
     return result
+
+
+def reverify_reason(reverify: Any, check_mode: bool = False) -> tuple[str | None, list[str]]:
+    """The site's re-verify on a node with nothing to do: why its weights no longer hold, or None.
+
+    ``reverify`` comes from the node's own record of the last whole run (``{path, manifest,
+    workers}``, the weights stage's footprint) and is checked before use. As mode=verify, a file
+    whose content matches but whose modification time does not gets the manifest's back (outside
+    check mode); those paths are returned beside the reason.
+    """
+    fix = "the stages run and the weights stage verifies them"
+    try:
+        if not isinstance(reverify, dict) or set(reverify) != {"path", "manifest", "workers"}:
+            raise ValidationError("result.reverify", "is not a mapping of path, manifest and workers", fix)
+        root = path("result.reverify.path", reverify["path"])
+        manifest_path = path("result.reverify.manifest", reverify["manifest"])
+        workers = integer("result.reverify.workers", reverify["workers"], minimum=0, maximum=256)
+        outcome = verify(root, load_manifest(manifest_path), workers=workers, drop_cache=True)
+    except (ValidationError, ManifestError) as exc:
+        return f"its weights cannot be re-verified: {exc}", []
+    if outcome.mismatched:
+        first = outcome.mismatched[0]
+        return (f"its weights do not match their manifest: {len(outcome.mismatched)} file(s), the first"
+                f" {first['path']} ({first['reason']})"), []
+    if outcome.extra:
+        return f"its weights hold {len(outcome.extra)} file(s) their manifest does not list, the first {outcome.extra[0]}", []
+    if outcome.touch and not check_mode:
+        restore_mtimes(root, outcome.touch)
+    return None, sorted(outcome.touch)
