@@ -68,7 +68,7 @@ HEADLINES = (
      "rollout -> first token / the units' command by hand (TP=2)"),
     ("rollout_first_token_ratio_cold", ("rollout_seconds", "by_hand_tp2_cold_seconds"), "<= 1.3 (1.15)",
      "the same / by hand after the operator's page-cache drop (F4)"),
-    ("noop_ratio", ("noop_seconds", "gather_facts_seconds"), "<= 5 (2)",
+    ("noop_ratio", ("noop_seconds", "gather_facts_seconds"), "<= 2.5 (2)",
      "no-op site.yml / a fact-gathering play"),
     ("verify_ratio", ("cat_seconds", "verify_seconds"), ">= 0.8",
      "full verify rate / cat > /dev/null rate (cold)"),

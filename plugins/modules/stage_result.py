@@ -131,7 +131,7 @@ options:
   reverify_weights:
     description:
       - With O(state=converged), once everything else holds, re-verify the node's weights against the
-        manifest the saved result names (its C(reverify): C(path), C(manifest), C(workers)), as
+        manifest the saved result names (its C(reverify), with C(path), C(manifest) and C(workers)), as
         M(localinference.vllm.model_manifest) O(localinference.vllm.model_manifest#module:mode=verify)
         does. A file that differs, a file the manifest does not list or a manifest that cannot be read
         is the RV(reason) the stages run; a modification time whose content matches is restored
