@@ -466,6 +466,13 @@ def caddyfile(
     return "\n".join(lines) + "\n"
 
 
+# vLLM's API server (uvicorn) closes a keep-alive connection idle for 5 s
+# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); Caddy keeps an idle upstream connection 2 min by default,
+# so a request Caddy sends into a connection vLLM is closing at that moment fails (a POST
+# is not retried). Caddy closes its idle ones first.
+UPSTREAM_KEEPALIVE_S = 4
+
+
 def _health_route(index: int, route: dict[str, Any], dial: int) -> list[str]:
     """A model's vLLM /health, without the key."""
     return [
@@ -479,6 +486,7 @@ def _health_route(index: int, route: dict[str, Any], dial: int) -> list[str]:
         "\t\t\t\ttransport http {",
         f"\t\t\t\t\tdial_timeout {dial}s",
         "\t\t\t\t\tresponse_header_timeout 30s",
+        f"\t\t\t\t\tkeepalive {UPSTREAM_KEEPALIVE_S}s",
         "\t\t\t\t}",
         "\t\t\t}",
         "\t\t}",
@@ -534,6 +542,8 @@ def _model_route(index: int, route: dict[str, Any], dial: int, timeout: int) -> 
         "\t\t\t\t\t# first token of a 900K-token prompt on a Spark pair).",
         f"\t\t\t\t\tresponse_header_timeout {timeout}s",
         f"\t\t\t\t\tread_timeout {timeout}s",
+        "\t\t\t\t\t# vLLM closes a connection idle for 5 s: close it first, never reuse a closed one.",
+        f"\t\t\t\t\tkeepalive {UPSTREAM_KEEPALIVE_S}s",
         "\t\t\t\t}",
         "\t\t\t}",
         "\t\t}",

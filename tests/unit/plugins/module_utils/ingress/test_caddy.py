@@ -61,6 +61,9 @@ def test_the_caddyfile_holds_what_the_issue_asks():
     # reloaded (a key rotation): SSE is flushed token by token without it.
     assert "flush_interval -1" not in text
     assert "response_header_timeout 3600s" in text and "read_timeout 3600s" in text
+    # Every upstream connection is closed idle before vLLM's uvicorn closes it (5 s).
+    assert text.count("transport http {") == text.count(f"keepalive {_caddy.UPSTREAM_KEEPALIVE_S}s") >= 2
+    assert _caddy.UPSTREAM_KEEPALIVE_S < 5
     assert "header_up -Authorization" in text
     assert (
         "@route_0 path /localinference/tiny-deepseek/v1 /localinference/tiny-deepseek/v1/*" in text
