@@ -25,6 +25,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_
     StageResultError,
     check_document,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._systemctl import (
+    parse_show,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_log import (
     LogInputError,
     check_log_text,
@@ -80,18 +83,6 @@ def clip(text: Any, limit: int = MAX_EVIDENCE_LINE) -> str:
     line = " ".join(str(text).split())
     line = "".join(c if c.isprintable() else "?" for c in line)
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def parse_show(text: Any) -> dict[str, str]:
-    """``KEY=VALUE`` lines of ``systemctl show`` as a dict (garbage lines are skipped)."""
-    found: dict[str, str] = {}
-    if not isinstance(text, str):
-        return found
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key and key.isidentifier():
-            found[key] = value.strip()
-    return found
 
 
 @dataclass

@@ -26,13 +26,15 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
     CommandError,
     Runner,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._systemctl import (
+    parse_show,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
     unit_name,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.doctor._evidence import (
     PROPERTIES,
-    parse_show,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.engine._token_probe import (
     first_token,

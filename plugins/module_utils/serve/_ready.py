@@ -2,22 +2,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Readiness of a vLLM endpoint: a streamed first token, not only ``/health``.
 
-Pure helpers: systemd ``show`` output and whether a unit failed to start; the
+Pure helpers: whether a unit failed to start (its ``systemctl show`` read by
+``common/_systemctl.parse_show``); the
 stream's first token is read by ``engine/_sse.py``.  The module does the waiting
 and the HTTP.
 """
 
 from __future__ import annotations
-
-
-def parse_show(output: str) -> dict[str, str]:
-    """``systemctl show -p A -p B UNIT`` output as a dict."""
-    values = {}
-    for line in output.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            values[key.strip()] = value.strip()
-    return values
 
 
 def unit_failed(show: dict[str, str], restarts_before: int = 0) -> str | None:

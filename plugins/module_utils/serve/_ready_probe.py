@@ -28,6 +28,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
     CommandError,
     Runner,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._systemctl import (
+    parse_show,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.common._validate import (
     ValidationError,
     unit_name,
@@ -37,7 +40,6 @@ from ansible_collections.localinference.vllm.plugins.module_utils.engine._sse im
     SseReader,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.serve._ready import (
-    parse_show,
     unit_failed,
 )
 

@@ -28,6 +28,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common import 
 from ansible_collections.localinference.vllm.plugins.module_utils.common._commands import (
     CommandError,
 )
+from ansible_collections.localinference.vllm.plugins.module_utils.common._systemctl import (
+    parse_unit_show,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.engine._vllm_compile import (
     compile_state,
 )
@@ -119,15 +122,12 @@ def read_kmsg(path: str) -> list[bytes]:
 def parse_show_blocks(text: str) -> dict[str, dict[str, Any]]:
     """``systemctl show -p … UNIT…`` -> per unit, with NRestarts and the active age typed."""
     units: dict[str, dict[str, Any]] = {}
-    for block in text.strip().split("\n\n"):
-        fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        if "Id" not in fields:
-            continue
+    for unit, fields in parse_unit_show(text).items():
         entry: dict[str, Any] = {k: fields.get(k, "") for k in SHOW if k != "Id"}
         entry["NRestarts"] = int(entry["NRestarts"]) if entry["NRestarts"].isdigit() else None
         stamp = entry.pop("ActiveEnterTimestampMonotonic")
         entry["active_since_monotonic_us"] = int(stamp) if stamp.isdigit() and stamp != "0" else None
-        units[fields["Id"]] = entry
+        units[unit] = entry
     return units
 
 

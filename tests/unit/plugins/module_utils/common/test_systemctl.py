@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from ansible_collections.localinference.vllm.plugins.module_utils.common._systemctl import (
+    parse_show,
     parse_unit_show,
 )
 
@@ -24,3 +26,20 @@ def test_a_block_without_id_and_a_line_without_equals_are_skipped():
     show = "ActiveState=active\n\nId=a.service\nnot a property\nValue=x=y\n"
     assert parse_unit_show(show) == {"a.service": {"Id": "a.service", "Value": "x=y"}}
     assert parse_unit_show("") == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("LoadState=loaded\nActiveState=active\n", {"LoadState": "loaded", "ActiveState": "active"}),
+        ("ExecMainStartTimestamp=Sun 2026-12-06 06:38:57 UTC \n", {"ExecMainStartTimestamp": "Sun 2026-12-06 06:38:57 UTC"}),
+        ("garbage\n=x\nA B=c\n", {}),
+        (None, {}),
+        (b"LoadState=loaded", {}),
+    ],
+)
+def test_one_units_properties_are_read_one_way(text, expected):
+    # serving_ready, the doctor and (through parse_unit_show) the stages and the watchdog all read
+    # systemctl show here: a line that is no property and anything but text give nothing.
+    assert parse_show(text) == expected
+

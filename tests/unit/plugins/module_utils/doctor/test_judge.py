@@ -28,11 +28,11 @@ from ansible_collections.localinference.vllm.plugins.filter.doctor import (
     doctor_token_targets,
 )
 from ansible_collections.localinference.vllm.plugins.filter.stage import findings_table
+from ansible_collections.localinference.vllm.plugins.module_utils.common._systemctl import (
+    parse_show,
+)
 from ansible_collections.localinference.vllm.plugins.module_utils.doctor._context import (
     CATALOG_IDS,
-)
-from ansible_collections.localinference.vllm.plugins.module_utils.doctor._evidence import (
-    parse_show,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.doctor._judge import (
     CHECKS,

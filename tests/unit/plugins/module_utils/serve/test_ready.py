@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.localinference.vllm.plugins.module_utils.serve._ready import (
+from ansible_collections.localinference.vllm.plugins.module_utils.common._systemctl import (
     parse_show,
+)
+from ansible_collections.localinference.vllm.plugins.module_utils.serve._ready import (
     unit_failed,
 )
 
