@@ -42,4 +42,3 @@ def test_one_units_properties_are_read_one_way(text, expected):
     # serving_ready, the doctor and (through parse_unit_show) the stages and the watchdog all read
     # systemctl show here: a line that is no property and anything but text give nothing.
     assert parse_show(text) == expected
-
