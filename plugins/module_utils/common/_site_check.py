@@ -69,6 +69,19 @@ def unstreamed(
     return None, streamed
 
 
+def check_options(params: dict[str, Any]) -> None:
+    """Refuse ``reverify_weights`` and ``stream`` outside state=converged, and a bad ``stream``,
+    before anything is read or restored."""
+    if params["state"] != "converged" and (params.get("reverify_weights") or params.get("stream")):
+        raise StageResultError("reverify_weights and stream are for state=converged (the site's one call per node)")
+    if params.get("stream"):
+        try:
+            validate.port("stream.port", params["stream"]["port"])
+            validate.number("stream.timeout", params["stream"]["timeout"], above=0, maximum=3600)
+        except validate.ValidationError as exc:
+            raise StageResultError(str(exc)) from None
+
+
 def node_reason(
     result: dict[str, Any],
     params: dict[str, Any],
@@ -79,13 +92,8 @@ def node_reason(
     """After the record held: the weights (``reverify_weights``), then the stream (``stream``).
 
     Returns the reason the stages must run (None: nothing to do) and what to add to the result.
+    The options were checked by :func:`check_options`.
     """
-    if params.get("stream"):  # checked before the weights' modification times are restored
-        try:
-            validate.port("stream.port", params["stream"]["port"])
-            validate.number("stream.timeout", params["stream"]["timeout"], above=0, maximum=3600)
-        except validate.ValidationError as exc:
-            raise StageResultError(str(exc)) from None
     out: dict[str, Any] = {}
     if params.get("reverify_weights"):
         if reverify is None:

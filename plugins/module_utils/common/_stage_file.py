@@ -29,6 +29,9 @@ from ansible_collections.localinference.vllm.plugins.module_utils.common._comman
     timeout_error,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._site_check import (
+    FirstToken,
+    Reverify,
+    check_options,
     node_reason,
 )
 from ansible_collections.localinference.vllm.plugins.module_utils.common._stage_result import (
@@ -160,7 +163,12 @@ def _watch_lists(params: dict[str, Any], recorded: dict[str, list[Any]] | None =
 
 
 def _converged(
-    params: dict[str, Any], raw: bytes | None, where: str, check_mode: bool = False, **checks: Any
+    params: dict[str, Any],
+    raw: bytes | None,
+    where: str,
+    check_mode: bool = False,
+    reverify: Reverify | None = None,
+    first_token: FirstToken | None = None,
 ) -> dict[str, Any]:
     stage = params["stage"]
     _check_commands("prove_commands", params["prove_commands"])
@@ -194,7 +202,7 @@ def _converged(
         reason = _unproven(params["prove_commands"], params["timeout"])
     found: dict[str, Any] = {}
     if reason is None and doc is not None:
-        reason, found = node_reason(doc["result"], params, check_mode, **checks)
+        reason, found = node_reason(doc["result"], params, check_mode, reverify, first_token)
     return {
         "changed": bool(found.get("weights_restored")),
         **found,
@@ -206,11 +214,11 @@ def _converged(
     }
 
 
-def run(module: Any, **checks: Any) -> dict[str, Any]:
+def run(module: Any, reverify: Reverify | None = None, first_token: FirstToken | None = None) -> dict[str, Any]:
     """The module's result for its ``state``; raises StageResultError or OSError to refuse.
 
-    ``checks`` are the site's re-verify and token probe (``_site_check.node_reason``), handed in
-    by the module for ``reverify_weights`` and ``stream``."""
+    ``reverify`` and ``first_token`` are the weights' re-verify and the engine's token probe
+    (``_site_check.node_reason``), handed in by the module for ``reverify_weights`` and ``stream``."""
     params = module.params
     stage = params["stage"]
     path = params["path"] or f"/etc/localinference/{stage}.json"
@@ -218,11 +226,10 @@ def run(module: Any, **checks: Any) -> dict[str, Any]:
     problem = timeout_error(params["timeout"])
     if problem:
         raise StageResultError(problem)
-    if params["state"] != "converged" and (params.get("reverify_weights") or params.get("stream")):
-        raise StageResultError("reverify_weights and stream are for state=converged (the site's one call per node)")
+    check_options(params)
     raw = _read(path)
     if params["state"] == "converged":
-        return {"path": path, **_converged(params, raw, where, module.check_mode, **checks)}
+        return {"path": path, **_converged(params, raw, where, module.check_mode, reverify, first_token)}
     if params["state"] == "read":
         if raw is None:
             if params["required"]:

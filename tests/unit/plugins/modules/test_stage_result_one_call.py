@@ -165,9 +165,11 @@ def test_a_record_whose_reverify_cannot_be_trusted_is_the_reason(node, reverify)
     ],
 )
 def test_bad_input_is_refused_before_anything_is_read_or_restored(node, args, message):
+    call = {"stage": "site", "path": str(node / "site.json"), "fingerprint": "run-1", "watch_recorded": True, **args}
+    out = run_module(stage_result, call)
+    assert out.failed and message in out.result["msg"], "refused whether or not a record holds"
     record(node)
-    out = run_module(stage_result, {"stage": "site", "path": str(node / "site.json"), "fingerprint": "run-1",
-                                    "watch_recorded": True, **args})
+    out = run_module(stage_result, call)
     assert out.failed and message in out.result["msg"], out.result
 
 
